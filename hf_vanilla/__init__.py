@@ -1,0 +1,61 @@
+"""hf_vanilla: a from-scratch, readable Transformer that is a first-class Hugging Face model.
+
+`import hf_vanilla` registers the configs and models with transformers' Auto classes, so a converted checkpoint
+loads with `AutoModel.from_pretrained(path)` without `trust_remote_code`.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+
+from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+from .modeling_vanilla import (
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForQuestionAnswering,
+    VanillaEncoderForSequenceClassification,
+    VanillaEncoderForTokenClassification,
+    VanillaEncoderModel,
+    VanillaPreTrainedModel,
+    VanillaSeq2SeqForConditionalGeneration,
+    VanillaSeq2SeqModel,
+)
+
+# Which Auto class loads which model: also the `auto_map` written next to remote-code checkpoints.
+AUTO_CLASSES = {
+    VanillaEncoderConfig: {
+        AutoModel: VanillaEncoderModel,
+        AutoModelForMaskedLM: VanillaEncoderForMaskedLM,
+        AutoModelForSequenceClassification: VanillaEncoderForSequenceClassification,
+        AutoModelForTokenClassification: VanillaEncoderForTokenClassification,
+        AutoModelForQuestionAnswering: VanillaEncoderForQuestionAnswering,
+    },
+    VanillaSeq2SeqConfig: {
+        AutoModel: VanillaSeq2SeqModel,
+        AutoModelForSeq2SeqLM: VanillaSeq2SeqForConditionalGeneration,
+    },
+}
+
+for _config_class, _models in AUTO_CLASSES.items():
+    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    for _auto_class, _model_class in _models.items():
+        _auto_class.register(_config_class, _model_class, exist_ok=True)
+
+__all__ = [
+    "AUTO_CLASSES",
+    "VanillaEncoderConfig",
+    "VanillaSeq2SeqConfig",
+    "VanillaPreTrainedModel",
+    "VanillaEncoderModel",
+    "VanillaEncoderForMaskedLM",
+    "VanillaEncoderForSequenceClassification",
+    "VanillaEncoderForTokenClassification",
+    "VanillaEncoderForQuestionAnswering",
+    "VanillaSeq2SeqModel",
+    "VanillaSeq2SeqForConditionalGeneration",
+]

@@ -1,0 +1,221 @@
+"""Configurations for hf_vanilla's two models.
+
+`VanillaEncoderConfig` describes a BERT-style encoder; its defaults are bert-base-uncased.
+`VanillaSeq2SeqConfig` describes the encoder-decoder of "Attention Is All You Need"; its defaults are the paper's
+base model (Table 3). Both share `_VanillaConfig`, which holds every field the shared modules (embeddings, attention,
+feed-forward, residual blocks) read, so each field is declared and validated once.
+
+Field names are Hugging Face's (`hidden_size`, `num_attention_heads`, ...) so that tools find them; the paper's names
+`d_model`, `d_ff`, `h` and `N` work as aliases.
+"""
+
+from typing import ClassVar
+
+from huggingface_hub.dataclasses import strict
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+SINUSOIDAL_LAYOUTS = ("interleaved", "concatenated")
+
+
+@strict
+class _VanillaConfig(PretrainedConfig):
+    """Fields common to the encoder and the encoder-decoder.
+
+    Args:
+        vocab_size: number of token ids.
+        hidden_size: model width E (the paper's d_model).
+        num_hidden_layers: number of (encoder) layers N.
+        num_attention_heads: number of heads H; must divide `hidden_size`.
+        intermediate_size: feed-forward width F (the paper's d_ff).
+        hidden_act: feed-forward activation, any key of `transformers.activations.ACT2FN` ("relu", "gelu", ...).
+        hidden_dropout_prob: dropout on embeddings and on every sub-layer output before the residual add.
+        attention_probs_dropout_prob: dropout on the attention weights.
+        max_position_embeddings: length of the position table.
+        type_vocab_size: number of segment (token type) ids; 0 means no segment embeddings.
+        layer_norm_eps: LayerNorm epsilon.
+        initializer_range: standard deviation of the normal initialisation.
+        position_embedding_type: "learned" (BERT) or "sinusoidal" (the paper, section 3.5).
+        sinusoidal_layout: "interleaved" puts sin on even and cos on odd features, as the paper's formula does;
+            "concatenated" puts all sines first, then all cosines, as Marian checkpoints were trained.
+        position_offset: the first position id. RoBERTa numbers positions from `padding_idx + 1` = 2.
+        embedding_size: width of the token embeddings when it differs from `hidden_size` (ELECTRA); the sum of
+            embeddings is then projected to `hidden_size`. `None` means `hidden_size`.
+        embedding_layer_norm: LayerNorm the summed embeddings (BERT) or not (the paper).
+        scale_embeddings: multiply token embeddings by sqrt(hidden_size) (the paper, section 3.4) or not (BERT).
+        pre_norm: normalise each sub-layer's input (pre-LN) instead of its residual sum (post-LN: BERT, the paper).
+        pad_token_id: the padding id; its embedding gets no gradient.
+        tie_word_embeddings: share the output projection with the input embeddings (section 3.4).
+    """
+
+    attribute_map: ClassVar[dict[str, str]] = {
+        "d_model": "hidden_size",
+        "d_ff": "intermediate_size",
+        "h": "num_attention_heads",
+        "N": "num_hidden_layers",
+    }
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    position_embedding_type: str = "learned"
+    sinusoidal_layout: str = "interleaved"
+    position_offset: int = 0
+    embedding_size: int | None = None
+    embedding_layer_norm: bool = True
+    scale_embeddings: bool = False
+    pre_norm: bool = False
+    pad_token_id: int | None = 0
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        self._check_sizes()
+        super().__post_init__(**kwargs)
+
+    def _check_sizes(self):
+        """Refuse, with a plain `ValueError`, a configuration no model can be built from."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "embedding_size"):
+            _check_positive(name, getattr(self, name))
+        _check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0 (0 means no token types), got {self.type_vocab_size}.")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset must be >= 0, got {self.position_offset}.")
+        if self.position_offset >= self.max_position_embeddings:
+            raise ValueError(
+                f"position_offset ({self.position_offset}) leaves no room in a table of max_position_embeddings="
+                f"{self.max_position_embeddings} positions; raise max_position_embeddings."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"Unknown hidden_act {self.hidden_act!r}; choose one of {sorted(ACT2FN)}.")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"Unknown position_embedding_type {self.position_embedding_type!r}; "
+                f"choose one of {POSITION_EMBEDDING_TYPES}."
+            )
+        if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(
+                f"Unknown sinusoidal_layout {self.sinusoidal_layout!r}; choose one of {SINUSOIDAL_LAYOUTS}."
+            )
+        if self.position_embedding_type == "sinusoidal" and self.embedding_size % 2:
+            raise ValueError(
+                f"Sinusoidal positions pair a sine with a cosine, so the embedding width must be even; "
+                f"got {self.embedding_size}."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}.")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}.")
+
+
+def _check_heads(width_name: str, width: int, heads_name: str, heads: int) -> None:
+    _check_positive(heads_name, heads)
+    if width % heads:
+        raise ValueError(
+            f"{width_name} ({width}) must be divisible by {heads_name} ({heads}): each head takes an equal slice "
+            f"of the model width. Try {heads_name} in {[h for h in range(1, min(width, 64) + 1) if width % h == 0]}."
+        )
+
+
+@strict
+class VanillaEncoderConfig(_VanillaConfig):
+    """A BERT-compatible encoder. The defaults are bert-base-uncased.
+
+    Args (beyond `_VanillaConfig`):
+        use_pooler: build BERT's pooler (tanh(W h_[CLS] + b)); DistilBERT checkpoints have none.
+        classifier_dropout: dropout before classification heads; `None` means `hidden_dropout_prob`.
+    """
+
+    model_type = "vanilla_encoder"
+
+    use_pooler: bool = True
+    classifier_dropout: float | int | None = None
+
+
+@strict
+class VanillaSeq2SeqConfig(_VanillaConfig):
+    """The encoder-decoder of "Attention Is All You Need". The defaults are the paper's base model.
+
+    The encoder uses the shared fields (`num_hidden_layers`, `num_attention_heads`, `intermediate_size`); the
+    decoder uses `decoder_layers`, `decoder_attention_heads` and `decoder_intermediate_size`, which default to the
+    encoder's values. (transformers' `get_text_config(decoder=True)` maps these `decoder_*` names onto the main
+    fields, which is how its caches find the decoder's layer count.)
+
+    Args (beyond `_VanillaConfig`):
+        decoder_layers, decoder_attention_heads, decoder_intermediate_size: decoder sizes.
+        share_encoder_decoder_embeddings: one token embedding matrix for source and target (section 3.4); a
+            warm-started bert2bert keeps two.
+        lm_head_transform: apply BERT's dense + activation + LayerNorm before the output projection (bert2bert).
+        bos_token_id, eos_token_id, decoder_start_token_id: special ids used by `generate`.
+        use_cache: keep decoder keys and values between generation steps.
+    """
+
+    model_type = "vanilla_seq2seq"
+
+    vocab_size: int = 32000
+    hidden_size: int = 512
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 8
+    intermediate_size: int = 2048
+    hidden_act: str = "relu"
+    hidden_dropout_prob: float | int = 0.1
+    # The paper drops sub-layer outputs and embedding sums (section 5.4), not attention weights.
+    attention_probs_dropout_prob: float | int = 0.0
+    max_position_embeddings: int = 1024
+    type_vocab_size: int = 0
+    layer_norm_eps: float = 1e-5
+    position_embedding_type: str = "sinusoidal"
+    embedding_layer_norm: bool = False
+    scale_embeddings: bool = True
+
+    decoder_layers: int | None = None
+    decoder_attention_heads: int | None = None
+    decoder_intermediate_size: int | None = None
+    share_encoder_decoder_embeddings: bool = True
+    lm_head_transform: bool = False
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    is_encoder_decoder: bool = True
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        # Resolve the decoder's sizes now: a `None` here would be copied over the main fields by
+        # `get_text_config(decoder=True)` and break the cache.
+        if self.decoder_layers is None:
+            self.decoder_layers = self.num_hidden_layers
+        if self.decoder_attention_heads is None:
+            self.decoder_attention_heads = self.num_attention_heads
+        if self.decoder_intermediate_size is None:
+            self.decoder_intermediate_size = self.intermediate_size
+        super().__post_init__(**kwargs)
+
+    def _check_sizes(self):
+        super()._check_sizes()
+        _check_positive("decoder_layers", self.decoder_layers)
+        _check_positive("decoder_intermediate_size", self.decoder_intermediate_size)
+        _check_heads("hidden_size", self.hidden_size, "decoder_attention_heads", self.decoder_attention_heads)
+        if self.decoder_start_token_id is None:
+            raise ValueError("decoder_start_token_id is required: generation starts every target with it.")
+
+
+__all__ = ["VanillaEncoderConfig", "VanillaSeq2SeqConfig"]

