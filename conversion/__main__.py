@@ -1,0 +1,28 @@
+"""`python -m conversion FORMAT --source SRC --output OUT`: one sub-command per source format."""
+
+import argparse
+import sys
+
+from . import bert
+from .common import ConversionError
+
+CONVERTERS = [bert]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conversion", description=__doc__)
+    subparsers = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    for module in CONVERTERS:
+        module.register(subparsers)
+    args = parser.parse_args(argv)
+    try:
+        result = args.run(args)
+    except ConversionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"Wrote {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
