@@ -315,8 +315,14 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
 
 
 def additive_mask(mask, dtype):
-    """1/0 (or bool) mask -> 0 where attending is allowed, the dtype's minimum where it is not."""
-    return (1.0 - mask.to(dtype)) * torch.finfo(dtype).min
+    """1/0 (or bool) mask (..., S) -> 0 where attending is allowed, the dtype's minimum where it is not.
+
+    A query that may attend to nothing (a row that is all padding) is let attend to every key instead: its output
+    is meaningless either way, but a row of minima overflows to -inf in float16 (score + min < -65504) and the
+    softmax of an all -inf row is NaN."""
+    allowed = mask.bool()
+    allowed = allowed | ~allowed.any(-1, keepdim=True)  # (..., S): fully masked rows become fully open
+    return (~allowed).to(dtype) * torch.finfo(dtype).min
 
 
 def _is_tracing() -> bool:
@@ -374,13 +380,16 @@ class VanillaStack(nn.Module):
                 f"`attn_implementation='eager'` or call `model.set_attn_implementation('eager')`."
             )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        input_shape = (inputs_embeds if input_ids is None else input_ids).shape[:2]
-        self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length)
-        B, T = input_shape
+        self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length,
+                           encoder_hidden_states, encoder_attention_mask)
+        B, T = (inputs_embeds if input_ids is None else input_ids).shape[:2]
         if position_ids is None:
             offset = self.config.position_offset + past_length
-            position_ids = torch.arange(offset, offset + T, device=self.embeddings.word_embeddings.weight.device)
-            position_ids = position_ids.expand(B, T)
+            # On the inputs' device: with Accelerate offload the weights may sit on "meta" until their hook runs.
+            position_ids = torch.arange(offset, offset + T, device=(input_ids if input_ids is not None else inputs_embeds).device)
+        # (T,) or (1, T), shared by every row, -> (B, T): the packed path gathers them token by token.
+        position_ids = position_ids.expand(B, T)
+        token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
 
         if self.is_decoder:
             return self._decode(input_ids, attention_mask, position_ids, inputs_embeds, encoder_hidden_states,
@@ -389,6 +398,7 @@ class VanillaStack(nn.Module):
 
         packed = (
             attention_mask is not None and not output_attentions and not _is_tracing() and not attention_mask.all()
+            and attention_mask.any()  # a batch of nothing but padding has no token to pack
         )
         if packed:
             return self._encode_packed(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
@@ -474,46 +484,113 @@ class VanillaStack(nn.Module):
             cross_attentions=tuple(all_cross) if output_attentions and all_cross else None,
         )
 
-    def _check_inputs(self, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length):
-        """Refuse bad input with a message, before an index kernel turns it into an opaque (device) assert."""
+    def _check_inputs(self, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length,
+                      encoder_hidden_states=None, encoder_attention_mask=None):
+        """Refuse bad input with a message naming the problem and the fix, before any kernel runs: an index kernel
+        would turn it into an opaque error (on GPU a device-side assert that poisons the process).
+
+        Shapes and dtypes are always checked; values (one min/max per tensor) are skipped while tracing."""
+        prefix = "decoder_" if self.is_decoder else ""  # the decoder's inputs reach the model under these names
+        ids_name, embeds_name, mask_name = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-        shape = tuple((inputs_embeds if input_ids is None else input_ids).shape[:2])
-        if len(shape) != 2 or (input_ids is not None and input_ids.dim() != 2):
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
+            hint = " (or labels, which are shifted right into decoder_input_ids)" if self.is_decoder else ""
+            raise ValueError(f"Pass exactly one of {ids_name} or {embeds_name}{hint}.")
+        if input_ids is not None:
+            _check_integer(ids_name, input_ids)
+            if input_ids.dim() != 2:
+                fix = f"add a batch dimension with {ids_name}[None]" if input_ids.dim() == 1 else "one row per sequence"
+                raise ValueError(f"{ids_name} must be (batch, length), got shape {tuple(input_ids.shape)}: {fix}.")
+            shape = tuple(input_ids.shape)
+        else:
+            width = self.config.embedding_size
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
+                raise ValueError(
+                    f"{embeds_name} must be (batch, length, embedding_size={width}), got shape "
+                    f"{tuple(inputs_embeds.shape)}."
+                )
+            shape = tuple(inputs_embeds.shape[:2])
         if shape[0] == 0 or shape[1] == 0:
             raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
-        if attention_mask is not None and tuple(attention_mask.shape) != (shape[0], past_length + shape[1]) and \
-                tuple(attention_mask.shape) != shape:
+        with_cache = (shape[0], past_length + shape[1])
+        if attention_mask is not None and tuple(attention_mask.shape) not in (shape, with_cache):
+            expected = with_cache if past_length else shape
             raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has shape {shape}: "
-                f"pass the tokenizer's attention_mask, one 1/0 per token."
+                f"{mask_name} has shape {tuple(attention_mask.shape)} but should be {expected}, one 1/0 per token of "
+                f"{ids_name} {shape}{' and of the cache' if past_length else ''}: pass the tokenizer's attention_mask."
             )
+        for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+            if ids is None:
+                continue
+            _check_integer(name, ids)
+            rows = 1 if ids.dim() == 1 else ids.shape[0]
+            if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (1, shape[0]):
+                raise ValueError(
+                    f"{name} has shape {tuple(ids.shape)} but {ids_name} has shape {shape}: pass one id per token, "
+                    f"as {shape} (or (1, {shape[1]}) shared by every row)."
+                )
+        if encoder_hidden_states is not None:
+            source_shape = tuple(encoder_hidden_states.shape[:2])
+            if source_shape[0] != shape[0]:
+                raise ValueError(
+                    f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
+                    f"row per source row."
+                )
+            if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != source_shape:
+                raise ValueError(
+                    f"attention_mask has shape {tuple(encoder_attention_mask.shape)} but the encoder output covers "
+                    f"{source_shape} source tokens: pass the attention_mask that came with the source input_ids."
+                )
         if _is_tracing():
             return
+        _check_mask_values(mask_name, attention_mask)
+        _check_mask_values("attention_mask", encoder_attention_mask)
         config = self.config
-        _check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+        _check_range(ids_name, input_ids, config.vocab_size, "vocab_size",
+                     "use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
         if self.embeddings.token_type_embeddings is not None:
-            _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+            _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
+                         "segment ids count sentences (BERT: 0 for the first, 1 for the second)")
         elif token_type_ids is not None and not self.is_decoder and token_type_ids.any():
             raise ValueError("This model has no token types (type_vocab_size=0); drop token_type_ids.")
-        last_position = config.position_offset + past_length + shape[1] - 1
-        if position_ids is None and last_position >= config.max_position_embeddings:
+        max_length = config.max_position_embeddings - config.position_offset
+        if position_ids is None and past_length + shape[1] > max_length:
+            what = "decoder sequence (cache included)" if self.is_decoder else "sequence"
+            fix = "; when generating, lower max_new_tokens" if self.is_decoder else ""
             raise ValueError(
-                f"Sequence of length {past_length + shape[1]} is longer than the position table allows "
-                f"(max_position_embeddings={config.max_position_embeddings}, offset {config.position_offset}): "
-                f"truncate the input (e.g. tokenizer(..., truncation=True))."
+                f"The {what} has {past_length + shape[1]} tokens but the position table allows at most {max_length} "
+                f"(max_position_embeddings={config.max_position_embeddings}, position_offset="
+                f"{config.position_offset}): truncate the input, e.g. tokenizer(..., truncation=True, "
+                f"max_length={max_length}){fix}."
             )
-        _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
+        _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
+                     "pass positions below the table's length, or truncate the input")
 
 
-def _check_range(name, ids, limit, limit_name):
+def _check_integer(name, ids):
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer ids, got dtype {ids.dtype}: convert with {name}.long().")
+
+
+def _check_mask_values(name, mask):
+    """Masks are 1 (token) / 0 (padding); any other value would be read differently by the padded and packed paths."""
+    if mask is None or mask.dtype == torch.bool:
+        return
+    invalid = (mask != 0) & (mask != 1)
+    if invalid.any():
+        raise ValueError(
+            f"{name} must hold 1 (token) or 0 (padding), got {mask[invalid][0].item()}: pass the tokenizer's "
+            f"attention_mask (an additive or 4-D mask is not accepted)."
+        )
+
+
+def _check_range(name, ids, limit, limit_name, fix):
+    """Every id in [0, limit), else a ValueError naming the offending value, the limit and `fix`."""
     if ids is None:
         return
     low, high = torch.aminmax(ids)
     if low < 0 or high >= limit:
         bad = int(high) if high >= limit else int(low)
-        raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}.")
+        raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
