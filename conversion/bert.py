@@ -150,8 +150,10 @@ def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     tensors = normalise_keys(tensors, head)
     if head == "masked-lm":
         _check_tied_decoder(tensors)
-    if head == "base" and "pooler.dense.weight" not in tensors:
-        config.use_pooler = False  # BertModel(add_pooling_layer=False)
+    if "pooler.dense.weight" not in tensors:
+        # BertModel(add_pooling_layer=False), and BertForMaskedLM/TokenClassification/QuestionAnswering, which
+        # never build a pooler: ours gets none either, so every target tensor is still filled.
+        config.use_pooler = False
     mapped, unknown = map_tensors(tensors, key_table(config, head), dropped_keys(head, tensors))
     model = build_model(HEADS[head][0], config, mapped, unknown)
     model.config.architectures = [HEADS[head][0].__name__]
