@@ -8,6 +8,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForPreTraining,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
@@ -18,6 +19,7 @@ from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .modeling_vanilla import (
     VanillaEncoderForMaskedLM,
     VanillaEncoderForQuestionAnswering,
+    VanillaEncoderForReplacedTokenDetection,
     VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
@@ -34,6 +36,8 @@ AUTO_CLASSES = {
         AutoModelForSequenceClassification: VanillaEncoderForSequenceClassification,
         AutoModelForTokenClassification: VanillaEncoderForTokenClassification,
         AutoModelForQuestionAnswering: VanillaEncoderForQuestionAnswering,
+        # ELECTRA's discriminator: transformers loads ElectraForPreTraining through this Auto class too.
+        AutoModelForPreTraining: VanillaEncoderForReplacedTokenDetection,
     },
     VanillaSeq2SeqConfig: {
         AutoModel: VanillaSeq2SeqModel,
@@ -56,6 +60,7 @@ __all__ = [
     "VanillaEncoderForSequenceClassification",
     "VanillaEncoderForTokenClassification",
     "VanillaEncoderForQuestionAnswering",
+    "VanillaEncoderForReplacedTokenDetection",
     "VanillaSeq2SeqModel",
     "VanillaSeq2SeqForConditionalGeneration",
 ]

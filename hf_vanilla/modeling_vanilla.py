@@ -823,6 +823,43 @@ class VanillaEncoderForQuestionAnswering(VanillaPreTrainedModel):
         return output if _return_dict(self.config, return_dict) else output.to_tuple()
 
 
+class VanillaEncoderForReplacedTokenDetection(VanillaPreTrainedModel):
+    """ELECTRA's discriminator (Clark et al., 2020, https://arxiv.org/abs/2003.10555, section 2): for every token,
+    was it replaced by a small generator? One logit per token, from dense + activation + a dense to one output.
+
+    ELECTRA trains this objective instead of masked-LM prediction, so it learns from every token, not only the 15%
+    that are masked. Loaded through `AutoModelForPreTraining`, as transformers' ElectraForPreTraining is.
+    """
+
+    config_class = VanillaEncoderConfig
+
+    def __init__(self, config: VanillaEncoderConfig):
+        super().__init__(config)
+        self.model = VanillaEncoderModel(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """labels: (B, T), 1 where the token was replaced and 0 where it is the original. Returns logits (B, T):
+        one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
+        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states, return_dict=True)
+        logits = self.classifier(self.act(self.dense(out.last_hidden_state))).squeeze(-1)  # (B, T, 1) -> (B, T)
+        loss = None
+        if labels is not None:
+            # Binary cross-entropy over real tokens only: padding is neither original nor replaced.
+            labels = labels.to(logits.device)
+            real = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask == 1
+            loss = BCEWithLogitsLoss()(logits[real], labels[real].to(logits.dtype))
+        output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                       attentions=out.attentions)
+        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+
+
 # ---- the encoder-decoder --------------------------------------------------------------------------------------
 
 
@@ -954,6 +991,7 @@ __all__ = [
     "VanillaEncoderForSequenceClassification",
     "VanillaEncoderForTokenClassification",
     "VanillaEncoderForQuestionAnswering",
+    "VanillaEncoderForReplacedTokenDetection",
     "VanillaSeq2SeqModel",
     "VanillaSeq2SeqForConditionalGeneration",
 ]
