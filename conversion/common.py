@@ -6,6 +6,8 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -264,3 +266,299 @@ def report(name: str, diffs: list[float], tolerance: float) -> bool:
         label = "embeddings" if i == 0 else f"layer {i}"
         print(f"  {name} {label:>10}: max |diff| = {diff:.3e}{'' if diff <= tolerance else '  > tolerance'}")
     return max(diffs) <= tolerance
+
+
+# ---- BERT-family encoders: one flow for RoBERTa, DistilBERT and ELECTRA ------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncoderHead:
+    """One head of a BERT-family format.
+
+    Args:
+        model_class: the vanilla model that holds it.
+        source_suffix: the transformers class name after the family prefix ("ForMaskedLM" -> RobertaForMaskedLM).
+        table: source module -> ours, for the head's own modules (outside the base model).
+        tied: source key -> the key it duplicates. Older checkpoints store tied weights twice; each copy must equal
+            its original (else the checkpoint is untied and refused) and is then dropped.
+    """
+
+    model_class: type
+    source_suffix: str
+    table: tuple = ()
+    tied: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EncoderFormat:
+    """A BERT-family source format as data; the methods convert it to a vanilla encoder and back, and check parity.
+
+    A format module (conversion/roberta.py, distilbert.py, electra.py) fills one in: its key tables, its heads, and
+    how its config maps onto `VanillaEncoderConfig` and back. The flow is shared so that the formats behave alike:
+    the same strictness (every source tensor mapped or dropped with a reason, every target tensor filled, shapes
+    checked), the same atomic output, the same layer-by-layer verification, and the reverse conversion built from
+    the same table, inverted.
+
+    Args:
+        name: the sub-command ("roberta"); the reverse one is "to-" + name.
+        title: how the format is called in messages ("RoBERTa / XLM-R").
+        class_prefixes: source `model_type` -> transformers class-name prefix ({"xlm-roberta": "XLMRoberta"});
+            the first is what the reverse conversion writes by default.
+        prefix: where the source's head models keep the encoder ("roberta.").
+        encoder_table: source module -> ours within the base model, `{i}` marking the layer. A row whose target is
+            "pooler" is used by the base model only: transformers' head models build no pooler.
+        heads: head name (the --head choice) -> `EncoderHead`.
+        refused: source class suffix -> why that head cannot be expressed (the message adds the way out).
+        vanilla_config: (full source config dict, head) -> `VanillaEncoderConfig`; raises `ConversionError`.
+        source_config: (`VanillaEncoderConfig`, head, model_type) -> the transformers config; raises
+            `ConversionError` for what the format cannot express.
+        dropped: source key prefix -> why it is left out, beyond the index buffers every format has.
+        limitations: appended to the converted model card's parity section.
+    """
+
+    name: str
+    title: str
+    class_prefixes: dict
+    prefix: str
+    encoder_table: tuple
+    heads: dict
+    refused: dict
+    vanilla_config: object
+    source_config: object
+    dropped: dict = field(default_factory=dict)
+    limitations: str = ""
+
+    # ---- names ----
+
+    def source_class(self, model_type: str, head: str):
+        import transformers
+
+        return getattr(transformers, self.class_prefixes[model_type] + self.heads[head].source_suffix)
+
+    def head_for(self, source_config: dict, requested: str) -> str:
+        if requested != "auto":
+            return requested
+        model_type = source_config["model_type"]
+        architecture = (source_config.get("architectures") or [self.class_prefixes[model_type] + "Model"])[0]
+        prefix = max((p for p in self.class_prefixes.values() if architecture.startswith(p)), key=len, default="")
+        suffix = architecture.removeprefix(prefix)
+        if suffix in self.refused:
+            raise ConversionError(
+                f"{architecture} cannot be converted: {self.refused[suffix]}. Convert the encoder alone with "
+                f"--head base (its task head is then dropped)."
+            )
+        for head, spec in self.heads.items():
+            if spec.source_suffix == suffix:
+                return head
+        raise ConversionError(
+            f"No vanilla head matches the source architecture {architecture!r}; pass --head with one of "
+            f"{sorted(self.heads)} (e.g. --head base for the encoder alone)."
+        )
+
+    def key_table(self, num_layers: int, head: str) -> dict[str, str]:
+        """Source module -> ours, with the head models' prefixes (`roberta.` there, `model.` here)."""
+        source_prefix, our_prefix = ("", "") if head == "base" else (self.prefix, "model.")
+        rows = [row for row in self.encoder_table if head == "base" or row[1] != "pooler"]
+        table = {source_prefix + s: our_prefix + o for s, o in expand_table(rows, num_layers).items()}
+        table.update(expand_table(list(self.heads[head].table), 0))
+        return table
+
+    def dropped_keys(self, head: str) -> dict[str, str]:
+        """Source key prefixes left out on purpose, with the reason."""
+        source_prefix = "" if head == "base" else self.prefix
+        dropped = {
+            source_prefix + "embeddings.position_ids": "a buffer of 0..max_positions-1, recomputed by the model",
+            source_prefix + "embeddings.token_type_ids": "a buffer of zeros, recomputed by the model",
+        }
+        if head != "base":
+            dropped[self.prefix + "pooler."] = "a pooler, which transformers' head models do not build or use"
+        for other, spec in self.heads.items():
+            for source_module, _ in spec.table if other != head else ():
+                dropped[source_module + "."] = f"the {other} head, not part of the requested --head {head}"
+        return dropped | self.dropped
+
+    # ---- source -> vanilla ----
+
+    def to_vanilla(self, tensors: dict, source_config: dict, head: str):
+        """In memory: source tensors and full config dict -> a vanilla model sharing their storage."""
+        if source_config.get("position_embedding_type", "absolute") != "absolute":
+            raise ConversionError(
+                f"position_embedding_type={source_config['position_embedding_type']!r} (relative positions) has no "
+                f"vanilla equivalent; only absolute (learned) positions convert."
+            )
+        if source_config.get("is_decoder") or source_config.get("add_cross_attention"):
+            raise ConversionError(f"This {self.title} is a decoder (is_decoder/add_cross_attention); only encoders "
+                                  f"convert.")
+        config = self.vanilla_config(source_config, head)
+        tensors = self._normalise_keys(tensors, head)
+        for copy, original in self.heads[head].tied.items():
+            if copy in tensors and original in tensors and not torch.equal(tensors[copy], tensors[original]):
+                raise ConversionError(
+                    f"{copy} differs from {original}: the checkpoint is untied, and the vanilla head ties them, as "
+                    f"{self.title} does. Convert with --head base to keep the encoder only."
+                )
+            tensors.pop(copy, None)
+        # Only a base model saved with its pooler gets one (RobertaModel(add_pooling_layer=False) has none).
+        config.use_pooler = head == "base" and "pooler.dense.weight" in tensors
+        mapped, unknown = map_tensors(tensors, self.key_table(config.num_hidden_layers, head), self.dropped_keys(head))
+        model = build_model(self.heads[head].model_class, config, mapped, unknown)
+        model.config.architectures = [self.heads[head].model_class.__name__]
+        return model
+
+    def _normalise_keys(self, tensors: dict, head: str) -> dict:
+        """TF-era LayerNorm `gamma`/`beta` -> `weight`/`bias` (transformers renames them when loading too); a base
+        model read from a head checkpoint loses the head's prefix (`roberta.`), as `from_pretrained` does."""
+        normalised = {}
+        for key, tensor in tensors.items():
+            if key.endswith(".gamma"):
+                key = key.removesuffix(".gamma") + ".weight"
+            elif key.endswith(".beta"):
+                key = key.removesuffix(".beta") + ".bias"
+            normalised[key.removeprefix(self.prefix) if head == "base" else key] = tensor
+        return normalised
+
+    def verify(self, source_dir: Path, model, head: str, model_type: str, tolerance: float = 1e-5):
+        """transformers' model and ours on a right-padded batch: every layer's hidden states within `tolerance`,
+        head outputs within 5x `tolerance`, both over real tokens only. Returns (ok, one-line summary)."""
+        from .bert import verification_batch  # imported here: bert.py imports this module
+
+        reference_class = self.source_class(model_type, head)
+        print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
+        reference = reference_class.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32)
+        batch = verification_batch(model.config)
+        with torch.no_grad():
+            ref_out = reference.eval()(**batch, output_hidden_states=True)
+            our_out = model.float()(**batch, output_hidden_states=True)
+        diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, batch["attention_mask"])
+        ok = report("hidden states", diffs, tolerance)
+        summary = [f"hidden states (every layer) {max(diffs):.1e}"]
+        for name in ("pooler_output", "logits", "start_logits", "end_logits"):
+            ours = getattr(our_out, name, None)
+            if ours is None:
+                continue
+            per_token = ours.shape[:2] == batch["input_ids"].shape
+            mask = batch["attention_mask"] if per_token else None
+            diff = max_differences((getattr(ref_out, name),), (ours,), mask)[0]
+            limit = tolerance if name == "pooler_output" else tolerance * 5
+            print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
+            ok = ok and diff <= limit
+            summary.append(f"{name} {diff:.1e}")
+        return ok, (f"max |diff| against transformers' {reference_class.__name__}: " + ", ".join(summary) +
+                    f" (fp32, eager attention, right-padded batch; tolerances {tolerance:g} per layer, "
+                    f"{tolerance * 5:g} for head outputs).")
+
+    def convert(self, source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
+                verify_parity: bool = True, command: str | None = None) -> Path:
+        """Source checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
+        from transformers import AutoConfig
+
+        source_dir = resolve_source(source)
+        raw_config = read_config(source_dir)
+        require_model_type(raw_config, tuple(self.class_prefixes), self.name, source_dir)
+        # Fields left at their defaults may be missing from config.json: read them from the source's config class.
+        try:
+            source_config = AutoConfig.for_model(**raw_config).to_dict()
+        except Exception as error:
+            raise ConversionError(f"{source_dir}/config.json is not a valid {self.title} config: {error}") from None
+        head = self.head_for(source_config, head)
+        tensors = load_tensors(source_dir)
+        check_finite(tensors)
+        with atomic_output(output, force) as staging:
+            model = self.to_vanilla(tensors, source_config, head)
+            parity = "Not verified (--no-verify)."
+            if verify_parity:
+                ok, parity = self.verify(source_dir, model, head, source_config["model_type"])
+                if not ok:
+                    raise ConversionError(f"Parity check failed: {parity} Nothing was written.")
+                print(f"  OK: {parity}")
+            save_checkpoint(model, staging, source_dir, dtype)
+            write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,
+                             command or f"python -m conversion {self.name} --source {source} --output {output}",
+                             f"{parity}\n\n{self.limitations}".strip())
+        return Path(output)
+
+    # ---- vanilla -> source ----
+
+    def to_source(self, source: str, output: str, force: bool = False, dtype: str = "float32",
+                  model_type: str | None = None) -> Path:
+        """A vanilla encoder checkpoint -> a transformers checkpoint of this format, the forward table inverted:
+        the same tensors under their source names, bit for bit (with --dtype float32)."""
+        import inspect
+
+        import hf_vanilla  # noqa: F401  (registers the Auto classes)
+        from transformers import AutoConfig
+
+        source_dir = resolve_source(source)
+        config = AutoConfig.from_pretrained(source_dir)
+        if config.model_type != "vanilla_encoder":
+            raise ConversionError(
+                f"{source_dir} holds a {config.model_type!r} model; to-{self.name} reads 'vanilla_encoder'."
+            )
+        architecture = (config.architectures or ["VanillaEncoderModel"])[0]
+        head = next((h for h, spec in self.heads.items() if spec.model_class.__name__ == architecture), None)
+        if head is None:
+            raise ConversionError(
+                f"{architecture} has no {self.title} counterpart; to-{self.name} converts "
+                f"{sorted(spec.model_class.__name__ for spec in self.heads.values())}."
+            )
+        model_type = model_type or next(iter(self.class_prefixes))
+        require_fields(config, {
+            "position_embedding_type": ("learned", f"{self.title} learns its positions"),
+            "pre_norm": (False, f"{self.title} is post-LN"),
+            "scale_embeddings": (False, f"{self.title} does not scale embeddings"),
+            "embedding_layer_norm": (True, f"{self.title} normalises its embeddings"),
+        }, self.title)
+        target_config = self.source_config(config, head, model_type)
+        tensors = load_tensors(source_dir)
+        for tied in self.heads[head].model_class._tied_weights_keys or {}:
+            tensors.pop(tied, None)  # saved only by older writers; the target ties it again
+        table = self.key_table(config.num_hidden_layers, head)
+        inverse = {ours: source_module for source_module, ours in table.items()}
+        mapped, unknown = map_tensors(tensors, inverse, {})
+        model_class = self.source_class(model_type, head)
+        if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
+            model_class = partial(model_class, add_pooling_layer=config.use_pooler)
+        model = build_model(model_class, target_config, mapped, unknown)
+        model.config.architectures = [self.source_class(model_type, head).__name__]
+        with atomic_output(output, force) as staging:
+            model.to(DTYPES[dtype]).save_pretrained(staging)
+            copy_side_files(source_dir, staging)
+        return Path(output)
+
+    # ---- command line ----
+
+    def register(self, subparsers) -> None:
+        import sys
+
+        parser = subparsers.add_parser(self.name, help=f"a transformers {self.title} checkpoint -> a vanilla encoder")
+        parser.add_argument("--source", required=True, help=f"Hub id or local {self.title} checkpoint directory")
+        parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
+        parser.add_argument("--head", default="auto", choices=["auto", *self.heads],
+                            help="which model to build; auto follows the source's `architectures`")
+        parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the saved weights")
+        parser.add_argument("--force", action="store_true",
+                            help="replace an existing --output once conversion succeeds")
+        parser.add_argument("--no-verify", dest="verify", action="store_false",
+                            help=f"skip the layer-by-layer comparison with transformers' {self.title}")
+        parser.set_defaults(run=lambda a: self.convert(a.source, a.output, a.head, a.dtype, a.force, a.verify,
+                                                       command="python -m conversion " + " ".join(sys.argv[1:])))
+
+        parser = subparsers.add_parser(f"to-{self.name}",
+                                       help=f"a vanilla encoder checkpoint -> a transformers {self.title} checkpoint")
+        parser.add_argument("--source", required=True, help="vanilla encoder checkpoint directory")
+        parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
+        parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+        parser.add_argument("--force", action="store_true")
+        parser.add_argument("--model-type", default=next(iter(self.class_prefixes)), choices=list(self.class_prefixes),
+                            help="the model_type to write")
+        parser.set_defaults(run=lambda a: self.to_source(a.source, a.output, a.force, a.dtype, a.model_type))
+
+
+def require_fields(config, needed: dict, target: str) -> None:
+    """Refuse a config whose `field` is not `value`: {field: (value, why)} -> ConversionError naming both."""
+    for name, (value, why) in needed.items():
+        if getattr(config, name) != value:
+            raise ConversionError(
+                f"{name}={getattr(config, name)!r} cannot be expressed as {target} ({why}); only configurations "
+                f"with {name}={value!r} convert back."
+            )

@@ -1,0 +1,109 @@
+"""ELECTRA <-> vanilla encoder.
+
+`python -m conversion electra --source SRC --output OUT` maps a transformers ELECTRA checkpoint into a
+`VanillaEncoder*` model; `python -m conversion to-electra` maps it back, bit for bit.
+
+ELECTRA (Clark et al., 2020) is BERT's encoder trained as a discriminator: which tokens did a small generator
+replace? Its checkpoints differ from BERT's in three ways:
+- small models embed in a narrower width (`embedding_size`, 128 for electra-small) and project the embeddings up
+  to `hidden_size` after their LayerNorm and dropout (`embeddings_project`): ours is `config.embedding_size` and
+  `VanillaEmbeddings.projection`. As in transformers, `hidden_states[0]` is the projected tensor;
+- no pooler;
+- the discriminator head (`ElectraForPreTraining`: dense h->h, hidden_act, dense_prediction h->1) is
+  `VanillaEncoderForReplacedTokenDetection`, loaded through `AutoModelForPreTraining`.
+Generators (`ElectraForMaskedLM`) convert to `VanillaEncoderForMaskedLM`: dense h->embedding_size, GELU, LayerNorm,
+and the tied decoder, which is our `VanillaLMHead`.
+
+ELECTRA's sequence-classification head (dense + GELU + out_proj on [CLS]) has no vanilla counterpart and is refused;
+the encoder of such a checkpoint converts with `--head base`.
+"""
+
+from hf_vanilla import (
+    VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForQuestionAnswering,
+    VanillaEncoderForReplacedTokenDetection,
+    VanillaEncoderForTokenClassification,
+    VanillaEncoderModel,
+)
+
+from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
+from .bert import SHARED_FIELDS
+from .common import ConversionError, EncoderFormat, EncoderHead, require_fields
+
+# BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
+ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (
+    ("embeddings_project", "encoder.embeddings.projection"),
+)
+
+HEADS = {
+    "base": EncoderHead(VanillaEncoderModel, "Model"),
+    "replaced-token-detection": EncoderHead(
+        VanillaEncoderForReplacedTokenDetection, "ForPreTraining",
+        table=(
+            ("discriminator_predictions.dense", "dense"),
+            ("discriminator_predictions.dense_prediction", "classifier"),
+        ),
+    ),
+    "masked-lm": EncoderHead(
+        VanillaEncoderForMaskedLM, "ForMaskedLM",
+        table=(
+            ("generator_predictions.dense", "lm_head.dense"),
+            ("generator_predictions.LayerNorm", "lm_head.norm"),
+            ("generator_lm_head", "lm_head.decoder"),
+        ),
+        tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},  # stored by older writers
+    ),
+    "token-classification": EncoderHead(
+        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
+    ),
+    "question-answering": EncoderHead(
+        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
+    ),
+}
+
+
+def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
+    if head == "masked-lm" and source["hidden_act"] != "gelu":
+        raise ConversionError(
+            f"ELECTRA's generator head applies GELU whatever hidden_act says, and the vanilla head applies "
+            f"hidden_act ({source['hidden_act']!r}): convert with --head base."
+        )
+    fields = {k: source[k] for k in SHARED_FIELDS if k in source}
+    return VanillaEncoderConfig(**fields, embedding_size=source["embedding_size"], use_pooler=False)
+
+
+def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
+    from transformers import ElectraConfig
+
+    require_fields(config, {
+        "use_pooler": (False, "ELECTRA has no pooler"),
+        "position_offset": (0, "ELECTRA numbers positions from 0"),
+    }, "ELECTRA")
+    if config.type_vocab_size == 0:
+        raise ConversionError("type_vocab_size=0 cannot be expressed as ELECTRA, which always has token types.")
+    if head == "masked-lm" and config.hidden_act != "gelu":
+        raise ConversionError(f"ELECTRA's generator head applies GELU; this model's applies {config.hidden_act!r}.")
+    fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
+    return ElectraConfig(**fields, embedding_size=config.embedding_size)
+
+
+FORMAT = EncoderFormat(
+    name="electra",
+    title="ELECTRA",
+    class_prefixes={"electra": "Electra"},
+    prefix="electra.",
+    encoder_table=ENCODER_TABLE,
+    heads=HEADS,
+    refused={
+        "ForSequenceClassification": "its head (dense + GELU + out_proj on [CLS]) has no vanilla counterpart",
+        "ForMultipleChoice": "multiple choice has no vanilla head",
+        "ForCausalLM": "it is a decoder",
+    },
+    vanilla_config=vanilla_config,
+    source_config=source_config,
+)
+
+convert = FORMAT.convert
+to_electra = FORMAT.to_source
+register = FORMAT.register

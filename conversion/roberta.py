@@ -1,0 +1,109 @@
+"""RoBERTa / XLM-R <-> vanilla encoder.
+
+`python -m conversion roberta --source SRC --output OUT` maps a transformers RoBERTa or XLM-RoBERTa checkpoint
+(roberta-base, xlm-roberta-base and every model of those architectures) into a `VanillaEncoder*` model;
+`python -m conversion to-roberta` maps it back, bit for bit.
+
+RoBERTa is BERT's architecture with fairseq's conventions:
+- positions are numbered from `padding_idx + 1` (2 for RoBERTa and XLM-R), which is why the position table has
+  max_position_embeddings = 514 rows for 512 tokens: `position_offset = pad_token_id + 1` here;
+- a single token type (type_vocab_size = 1): every token adds the same segment vector;
+- an MLM head `lm_head` (dense, GELU, LayerNorm, decoder tied to the word embeddings, plus `lm_head.bias`).
+
+Limitation (also on the converted model card): RoBERTa computes each token's position from `input_ids`
+(`padding_idx + cumsum(input_ids != pad)`), so padding never takes a position; we number positions
+`position_offset, position_offset + 1, ...` whatever the tokens are. The two agree on every real token of a
+right-padded batch (what tokenizers produce by default) with no padding token inside a sequence. With left padding,
+or pad ids between real tokens, the positions (and so the outputs) differ: pass `position_ids` explicitly then.
+
+RoBERTa's sequence-classification head (dense + tanh + out_proj on <s>, no pooler) has no vanilla counterpart and is
+refused; the encoder of such a checkpoint converts with `--head base`.
+"""
+
+from hf_vanilla import (
+    VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForQuestionAnswering,
+    VanillaEncoderForTokenClassification,
+    VanillaEncoderModel,
+)
+
+from .bert import ENCODER_TABLE, SHARED_FIELDS
+from .common import ConversionError, EncoderFormat, EncoderHead, require_fields
+
+HEADS = {
+    "base": EncoderHead(VanillaEncoderModel, "Model"),
+    "masked-lm": EncoderHead(
+        VanillaEncoderForMaskedLM, "ForMaskedLM",
+        table=(
+            ("lm_head.dense", "lm_head.dense"),
+            ("lm_head.layer_norm", "lm_head.norm"),
+            ("lm_head", "lm_head.decoder"),  # lm_head.bias is the decoder's bias
+        ),
+        # Older checkpoints also store the tied decoder weight and a copy of the bias.
+        tied={
+            "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+            "lm_head.decoder.bias": "lm_head.bias",
+        },
+    ),
+    "token-classification": EncoderHead(
+        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
+    ),
+    "question-answering": EncoderHead(
+        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
+    ),
+}
+
+LIMITATIONS = (
+    "Positions: RoBERTa derives positions from `input_ids` (padding takes none); this model numbers them "
+    "`pad_token_id + 1` onwards. Outputs match on right-padded batches without padding inside a sequence (the "
+    "tokenizer's default); with left padding pass `position_ids` explicitly."
+)
+
+
+def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
+    if head == "masked-lm" and source["hidden_act"] != "gelu":
+        raise ConversionError(
+            f"RoBERTa's MLM head applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
+            f"({source['hidden_act']!r}): convert with --head base."
+        )
+    fields = {k: source[k] for k in SHARED_FIELDS if k in source}
+    # fairseq numbers positions after the padding index: the first token sits at row pad_token_id + 1.
+    return VanillaEncoderConfig(**fields, position_offset=source["pad_token_id"] + 1)
+
+
+def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
+    from transformers import AutoConfig
+
+    require_fields(config, {
+        "position_offset": (config.pad_token_id + 1, "RoBERTa numbers positions from pad_token_id + 1"),
+        "embedding_size": (config.hidden_size, "RoBERTa embeds at the model width"),
+    }, "RoBERTa")
+    if config.type_vocab_size == 0:
+        raise ConversionError("type_vocab_size=0 cannot be expressed as RoBERTa, which always has a token type.")
+    if head == "masked-lm" and config.hidden_act != "gelu":
+        raise ConversionError(f"RoBERTa's MLM head applies GELU; this model's applies {config.hidden_act!r}.")
+    fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
+    return AutoConfig.for_model(model_type, **fields)
+
+
+FORMAT = EncoderFormat(
+    name="roberta",
+    title="RoBERTa",
+    class_prefixes={"roberta": "Roberta", "xlm-roberta": "XLMRoberta"},
+    prefix="roberta.",
+    encoder_table=tuple(ENCODER_TABLE),  # BERT's module names, pooler included
+    heads=HEADS,
+    refused={
+        "ForSequenceClassification": "its head (dense + tanh + out_proj on <s>) has no vanilla counterpart",
+        "ForMultipleChoice": "multiple choice has no vanilla head",
+        "ForCausalLM": "it is a decoder",
+    },
+    vanilla_config=vanilla_config,
+    source_config=source_config,
+    limitations=LIMITATIONS,
+)
+
+convert = FORMAT.convert
+to_roberta = FORMAT.to_source
+register = FORMAT.register
