@@ -4,9 +4,10 @@ import argparse
 import sys
 
 from . import bert
+from . import distilbert, electra, roberta
 from .common import ConversionError
 
-CONVERTERS = [bert]
+CONVERTERS = [bert, roberta, distilbert, electra]
 
 
 def main(argv=None) -> int:
