@@ -4,10 +4,11 @@ import argparse
 import sys
 
 from . import bert
+from . import seq2seq
 from . import distilbert, electra, roberta
 from .common import ConversionError
 
-CONVERTERS = [bert, roberta, distilbert, electra]
+CONVERTERS = [bert, seq2seq, roberta, distilbert, electra]
 
 
 def main(argv=None) -> int:
