@@ -1,14 +1,27 @@
 """BERT <-> vanilla encoder.
 
 `python -m conversion bert --source SRC --output OUT` maps any transformers BERT checkpoint (bert-base-uncased and
-every BERT-architecture model) into a `VanillaEncoder*` model; `python -m conversion to-bert` maps it back.
-The key table below is the whole correspondence: every BERT module on the left, ours on the right.
+every BERT-architecture model) into a `VanillaEncoder*` model; `python -m conversion to-bert --source OUT --output
+BERT` maps it back. Both directions read the one key table below (every BERT module on the left, ours on the
+right), the reverse right to left, so the round trip BERT -> vanilla -> BERT returns every tensor bit for bit.
 """
 
 import sys
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+import transformers
+from huggingface_hub.errors import StrictDataclassError
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    BertConfig,
+)
 
 from hf_vanilla import (
     VanillaEncoderConfig,
@@ -55,37 +68,62 @@ ENCODER_TABLE = [
     ("pooler.dense", "pooler"),
 ]
 
-# Head modules, outside the base model. BERT's MLM decoder weight is the word embedding matrix (tied), and its
-# bias is stored both as `cls.predictions.bias` and `cls.predictions.decoder.bias`.
+# Head modules, outside the base model. BERT keeps its MLM output bias as `cls.predictions.bias`; its decoder
+# `cls.predictions.decoder` is tied to the word embeddings (weight) and to that bias, so checkpoints may or may not
+# store it: `_check_tied_decoder` checks and drops it on the way in, and transformers re-ties it on the way out.
 HEAD_TABLES = {
     "base": [],
     "masked-lm": [
         ("cls.predictions.transform.dense", "lm_head.dense"),
         ("cls.predictions.transform.LayerNorm", "lm_head.norm"),
         ("cls.predictions", "lm_head.decoder"),
-        ("cls.predictions.decoder", "lm_head.decoder"),
     ],
     "sequence-classification": [("classifier", "classifier")],
     "token-classification": [("classifier", "classifier")],
     "question-answering": [("qa_outputs", "qa_outputs")],
 }
 
-HEADS = {
-    "base": (VanillaEncoderModel, "BertModel"),
-    "masked-lm": (VanillaEncoderForMaskedLM, "BertForMaskedLM"),
-    "sequence-classification": (VanillaEncoderForSequenceClassification, "BertForSequenceClassification"),
-    "token-classification": (VanillaEncoderForTokenClassification, "BertForTokenClassification"),
-    "question-answering": (VanillaEncoderForQuestionAnswering, "BertForQuestionAnswering"),
-}
-ARCHITECTURE_HEADS = {bert: head for head, (_, bert) in HEADS.items()} | {"BertForPreTraining": "masked-lm"}
 
-# BertConfig fields that carry over unchanged.
+class Head(NamedTuple):
+    ours: type  # our model class
+    bert: str  # transformers' BERT class, by name
+    auto: type  # the Auto class that loads either
+    bert_has_pooler: bool  # whether transformers' BERT class builds a pooler
+    outputs: tuple[str, ...]  # what verification compares beyond the hidden states
+    per_token: bool  # whether those outputs have one row per token (compared at real tokens only)
+
+
+HEADS = {
+    "base": Head(VanillaEncoderModel, "BertModel", AutoModel, True, ("pooler_output",), False),
+    "masked-lm": Head(VanillaEncoderForMaskedLM, "BertForMaskedLM", AutoModelForMaskedLM, False, ("logits",), True),
+    "sequence-classification": Head(VanillaEncoderForSequenceClassification, "BertForSequenceClassification",
+                                    AutoModelForSequenceClassification, True, ("logits",), False),
+    "token-classification": Head(VanillaEncoderForTokenClassification, "BertForTokenClassification",
+                                 AutoModelForTokenClassification, False, ("logits",), True),
+    "question-answering": Head(VanillaEncoderForQuestionAnswering, "BertForQuestionAnswering",
+                               AutoModelForQuestionAnswering, False, ("start_logits", "end_logits"), True),
+}
+ARCHITECTURE_HEADS = {head.bert: name for name, head in HEADS.items()} | {"BertForPreTraining": "masked-lm"}
+
+# BertConfig fields that carry over unchanged, in both directions.
 SHARED_FIELDS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
     "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
     "layer_norm_eps", "initializer_range", "pad_token_id", "classifier_dropout", "id2label", "label2id",
     "problem_type",
 )
+
+# Our config fields with no BERT equivalent, and the one value of each that BERT computes.
+BERT_ONLY_VALUES = {
+    "position_embedding_type": ("learned", "BERT learns its position embeddings"),
+    "position_offset": (0, "BERT numbers positions from 0"),
+    "pre_norm": (False, "BERT normalises after each residual sum (post-LN)"),
+    "scale_embeddings": (False, "BERT does not scale its token embeddings"),
+    "embedding_layer_norm": (True, "BERT always LayerNorms the summed embeddings"),
+}
+
+
+# ---- BERT -> vanilla --------------------------------------------------------------------------------------------
 
 
 def head_for(bert_config: dict, requested: str) -> str:
@@ -112,7 +150,10 @@ def vanilla_config(bert_config: dict) -> VanillaEncoderConfig:
             "`python -m conversion bert2bert`, or warm-start one from an encoder with `warm-start`."
         )
     fields = {k: bert_config[k] for k in SHARED_FIELDS if k in bert_config}
-    return VanillaEncoderConfig(**fields)
+    try:
+        return VanillaEncoderConfig(**fields)
+    except (ValueError, StrictDataclassError) as error:
+        raise ConversionError(f"The source's config.json describes no valid encoder: {error}") from None
 
 
 def normalise_keys(tensors: dict, head: str) -> dict:
@@ -125,9 +166,12 @@ def normalise_keys(tensors: dict, head: str) -> dict:
     return normalised
 
 
-def key_table(config: VanillaEncoderConfig, head: str) -> dict[str, str]:
-    prefix = "" if head == "base" else "model."
-    table = {bert: prefix + ours for bert, ours in expand_table(ENCODER_TABLE, config.num_hidden_layers).items()}
+def key_table(config: VanillaEncoderConfig, head: str, bert_prefix: str = "") -> dict[str, str]:
+    """BERT module -> our module, for every module of `head`. Source keys are read after `normalise_keys` (no
+    `bert.` prefix); `bert_prefix="bert."` gives the keys transformers' BERT head classes save."""
+    ours_prefix = "" if head == "base" else "model."
+    encoder = expand_table(ENCODER_TABLE, config.num_hidden_layers)
+    table = {bert_prefix + bert: ours_prefix + ours for bert, ours in encoder.items()}
     table.update(expand_table(HEAD_TABLES[head], 0))
     return table
 
@@ -150,13 +194,14 @@ def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     tensors = normalise_keys(tensors, head)
     if head == "masked-lm":
         _check_tied_decoder(tensors)
-    if "pooler.dense.weight" not in tensors:
+    if "pooler.dense.weight" not in tensors and head != "sequence-classification":
         # BertModel(add_pooling_layer=False), and BertForMaskedLM/TokenClassification/QuestionAnswering, which
-        # never build a pooler: ours gets none either, so every target tensor is still filled.
+        # never build a pooler: ours gets none either. (Sequence classification reads the pooler, so a checkpoint
+        # without one is reported as missing it.)
         config.use_pooler = False
     mapped, unknown = map_tensors(tensors, key_table(config, head), dropped_keys(head, tensors))
-    model = build_model(HEADS[head][0], config, mapped, unknown)
-    model.config.architectures = [HEADS[head][0].__name__]
+    model = build_model(HEADS[head].ours, config, mapped, unknown)
+    model.config.architectures = [HEADS[head].ours.__name__]
     return model
 
 
@@ -173,35 +218,36 @@ def _check_tied_decoder(tensors: dict) -> None:
 
 
 def verify(source_dir: Path, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
-    """Run transformers' BERT and ours on a padded two-segment batch; print per-layer max |diff|."""
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+    """Run transformers' BERT (eager attention) and ours on a padded two-segment batch; print per-layer max |diff|."""
+    reference = HEADS[head].auto.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32)
+    return compare(reference.eval(), model.float(), head, tolerance)
 
-    auto = {
-        "base": AutoModel, "masked-lm": AutoModelForMaskedLM, "sequence-classification":
-        AutoModelForSequenceClassification, "token-classification": AutoModelForTokenClassification,
-        "question-answering": AutoModelForQuestionAnswering,
-    }[head]
-    reference = auto.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32).eval()
+
+def compare(reference, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
+    """Feed both models `verification_batch`; print the max |diff| of every layer's hidden states and of the
+    head's outputs, at real tokens only (padding positions carry no meaning; ours leaves zeros there).
+
+    Head outputs are compared relative to their size: logits over a 30k vocabulary reach tens, and float32 keeps
+    about 7 significant digits of them. Returns (all within tolerance, a one-line summary)."""
     batch = verification_batch(model.config)
+    mask = batch["attention_mask"]
     with torch.no_grad():
         ref_out = reference(**batch, output_hidden_states=True)
-        our_out = model.float()(**batch, output_hidden_states=True)
-    diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, batch["attention_mask"])
+        our_out = model(**batch, output_hidden_states=True)
+    diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, mask)
     ok = report("hidden states", diffs, tolerance)
-    extra = {"masked-lm": "logits", "sequence-classification": "logits", "token-classification": "logits",
-             "question-answering": "start_logits"}.get(head)
     worst = max(diffs)
-    if extra is not None:
-        mask = batch["attention_mask"] if getattr(our_out, extra).dim() > 2 or head == "question-answering" else None
-        head_diff = max_differences((getattr(ref_out, extra),), (getattr(our_out, extra),), mask)[0]
-        print(f"  {extra}: max |diff| = {head_diff:.3e}")
-        ok, worst = ok and head_diff <= tolerance * 5, max(worst, head_diff)
-    elif our_out.pooler_output is not None:
-        pool_diff = (ref_out.pooler_output - our_out.pooler_output).abs().max().item()
-        print(f"  pooler output: max |diff| = {pool_diff:.3e}")
-        ok, worst = ok and pool_diff <= tolerance, max(worst, pool_diff)
-    return ok, f"max |diff| over every layer's hidden states and the head output: {worst:.2e} (fp32, tolerance {tolerance:g})"
+    spec = HEADS[head]
+    for name in spec.outputs:
+        ref, ours = getattr(ref_out, name), getattr(our_out, name)
+        if ref is None or ours is None:  # a base model without a pooler
+            continue
+        diff = max_differences((ref,), (ours,), mask if spec.per_token else None)[0]
+        allowed = tolerance * max(1.0, ref.abs().max().item())
+        print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= allowed else '  > tolerance'}")
+        ok, worst = ok and diff <= allowed, max(worst, diff)
+    summary = f"max |diff| over every layer's hidden states and the head output: {worst:.2e} (fp32, tolerance {tolerance:g})"
+    return ok, summary
 
 
 def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
@@ -213,7 +259,8 @@ def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int 
     input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask}
     if config.type_vocab_size > 1:
-        batch["token_type_ids"] = ((torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)).long()
+        second = (torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)
+        batch["token_type_ids"] = second.long()
     return batch
 
 
@@ -230,7 +277,7 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
         model = bert_to_vanilla(tensors, bert_config, head)
         parity = "Not verified (--no-verify)."
         if verify_parity:
-            print(f"Verifying against transformers' {HEADS[head][1]} (eager attention, padded batch):")
+            print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
             ok, parity = verify(source_dir, model, head)
             if not ok:
                 raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
@@ -241,84 +288,94 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
     return Path(output)
 
 
-# ---- vanilla -> BERT --------------------------------------------------------------------------------------------
+# ---- vanilla -> BERT: the same table, read right to left ------------------------------------------------------
 
 
-def to_bert(source: str, output: str, force: bool = False, dtype: str = "float32") -> Path:
-    """A vanilla encoder checkpoint -> a standard transformers BERT checkpoint (same head, config, tokenizer)."""
-    import hf_vanilla  # noqa: F401  (registers the Auto classes)
-    from transformers import AutoConfig, BertConfig
-
-    source_dir = resolve_source(source)
-    config = AutoConfig.from_pretrained(source_dir)
-    if config.model_type != "vanilla_encoder":
-        raise ConversionError(f"{source_dir} holds a {config.model_type!r} model; to-bert reads vanilla_encoder.")
-    refusals = {
-        "position_embedding_type": ("learned", "BERT learns its positions"),
-        "pre_norm": (False, "BERT is post-LN"),
-        "scale_embeddings": (False, "BERT does not scale embeddings"),
-        "embedding_layer_norm": (True, "BERT always normalises its embeddings"),
-        "position_offset": (0, "BERT numbers positions from 0"),
-        "embedding_size": (config.hidden_size, "BERT embeds at the model width"),
-    }
-    for field, (needed, why) in refusals.items():
-        if getattr(config, field) != needed:
-            raise ConversionError(
-                f"{field}={getattr(config, field)!r} cannot be expressed as BERT ({why}); only configurations with "
-                f"{field}={needed!r} convert back."
-            )
+def bert_config_for(config: VanillaEncoderConfig, head: str) -> BertConfig:
+    """Our config -> BertConfig, refusing what BERT cannot express (it would silently compute something else)."""
+    refusals = [f"{field}={getattr(config, field)!r} ({why}; needs {value!r})"
+                for field, (value, why) in BERT_ONLY_VALUES.items() if getattr(config, field) != value]
+    if config.embedding_size != config.hidden_size:
+        refusals.append(f"embedding_size={config.embedding_size} (BERT embeds at hidden_size={config.hidden_size})")
     if config.type_vocab_size == 0:
-        raise ConversionError("type_vocab_size=0 cannot be expressed as BERT, which always has token types.")
-    tensors = load_tensors(source_dir)
-    architecture = (config.architectures or ["VanillaEncoderModel"])[0]
-    head = next((h for h, (cls, _) in HEADS.items() if cls.__name__ == architecture), None)
-    if head is None:
-        raise ConversionError(f"Unknown vanilla architecture {architecture!r}; expected one of "
-                              f"{[cls.__name__ for cls, _ in HEADS.values()]}.")
-    inverse = {ours: bert for bert, ours in key_table(config, head).items()}
-    inverse.pop("lm_head.decoder", None)
-    bert_prefix = "" if head == "base" else "bert."
-    bert_tensors, unknown = {}, []
-    for key, tensor in tensors.items():
-        module, _, leaf = key.rpartition(".")
-        if module == "lm_head.decoder" and leaf == "bias":
-            bert_tensors["cls.predictions.bias"] = tensor
-        elif module in inverse:
-            name = inverse[module]
-            bert_tensors[(bert_prefix if not name.startswith(("cls.", "classifier", "qa_outputs")) else "") +
-                         f"{name}.{leaf}"] = tensor
-        else:
-            unknown.append(key)
-    if unknown:
-        raise ConversionError(f"Tensors with no BERT counterpart: {unknown}")
-    fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
-    bert_config = BertConfig(**fields, architectures=[HEADS[head][1]])
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+        refusals.append("type_vocab_size=0 (BERT always adds a token type embedding; needs >= 1)")
+    if head == "masked-lm" and not config.tie_word_embeddings:
+        refusals.append("tie_word_embeddings=False (BERT's MLM decoder is the word embedding matrix; needs True)")
+    if head == "sequence-classification" and not config.use_pooler:
+        refusals.append("use_pooler=False (BERT classifies sequences from its pooler; needs True)")
+    if refusals:
+        raise ConversionError("This model cannot be expressed as BERT:\n  " + "\n  ".join(refusals))
+    fields = {k: getattr(config, k) for k in SHARED_FIELDS}
+    return BertConfig(**fields, architectures=[HEADS[head].bert])
 
-    auto = {"base": AutoModel, "masked-lm": AutoModelForMaskedLM,
-            "sequence-classification": AutoModelForSequenceClassification,
-            "token-classification": AutoModelForTokenClassification,
-            "question-answering": AutoModelForQuestionAnswering}[head]
-    with torch.device("meta"):
-        bert = auto.from_config(bert_config)
-    if not config.use_pooler:
-        raise ConversionError("This model has no pooler (use_pooler=False); BERT checkpoints converted back need one.")
-    tied = set(bert.get_expanded_tied_weights_keys(all_submodels=True))
-    expected = {k for k in bert.state_dict() if not k.endswith(("position_ids", "token_type_ids"))}
-    missing = sorted(expected - set(bert_tensors) - tied)
-    if missing:
-        raise ConversionError(f"BERT tensors the source does not fill: {missing}")
-    bert.load_state_dict(bert_tensors, strict=False, assign=True)
-    bert.tie_weights()
-    for module in bert.modules():  # BERT's index buffers are not in our checkpoint: rebuild them
-        for name, buffer in list(module.named_buffers(recurse=False)):
-            if buffer.is_meta:
-                module.register_buffer(name, torch.zeros(buffer.shape, dtype=buffer.dtype), persistent=False)
-                bert._init_weights(module)
+
+def vanilla_to_bert(tensors: dict, config: VanillaEncoderConfig, head: str):
+    """In-memory conversion: vanilla tensors and config -> a transformers BERT model of the same head."""
+    bert_config = bert_config_for(config, head)
+    bert_class = getattr(transformers, HEADS[head].bert)
+    if head == "base" and not config.use_pooler:
+        bert_class = partial(bert_class, add_pooling_layer=False)
+    tensors = dict(tensors)
+    if head == "masked-lm":
+        decoder = tensors.pop("lm_head.decoder.weight", None)  # tied, so normally not saved
+        if decoder is not None and not torch.equal(decoder, tensors["model.encoder.embeddings.word_embeddings.weight"]):
+            raise ConversionError("lm_head.decoder.weight differs from the word embeddings; BERT's MLM head ties them.")
+    table = {ours: bert for bert, ours in key_table(config, head, "" if head == "base" else "bert.").items()}
+    dropped = {}
+    if config.use_pooler and not HEADS[head].bert_has_pooler:
+        del table["model.pooler"]
+        dropped["model.pooler."] = f"{HEADS[head].bert} has no pooler"
+        print(f"Note: the pooler is dropped: {HEADS[head].bert} has none (a BertModel would keep it).")
+    mapped, unknown = map_tensors(tensors, table, dropped)
+    return build_model(bert_class, bert_config, mapped, unknown)
+
+
+def vanilla_head(config: VanillaEncoderConfig, source_dir: Path) -> str:
+    architecture = (config.architectures or [VanillaEncoderModel.__name__])[0]
+    for name, head in HEADS.items():
+        if head.ours.__name__ == architecture:
+            return name
+    raise ConversionError(
+        f"{source_dir} is a {architecture!r}, which has no BERT counterpart; to-bert converts "
+        f"{[head.ours.__name__ for head in HEADS.values()]}."
+    )
+
+
+def to_bert(source: str, output: str, force: bool = False, dtype: str | None = None,
+            verify_parity: bool = True) -> Path:
+    """A vanilla encoder checkpoint -> a standard transformers BERT checkpoint (same head, config, tokenizer).
+
+    `dtype=None` keeps the stored dtype, so the round trip is bit-exact."""
+    source_dir = resolve_source(source)
+    raw_config = read_config(source_dir)
+    if raw_config.get("model_type") != VanillaEncoderConfig.model_type:
+        raise ConversionError(
+            f"{source_dir} holds a {raw_config.get('model_type')!r} model; to-bert reads "
+            f"{VanillaEncoderConfig.model_type!r} checkpoints (written by `python -m conversion bert` or by "
+            f"save_pretrained of a VanillaEncoder* model)."
+        )
+    try:
+        config = VanillaEncoderConfig.from_pretrained(source_dir)
+    except (ValueError, StrictDataclassError) as error:
+        raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
+    head = vanilla_head(config, source_dir)
+    tensors = load_tensors(source_dir)
+    check_finite(tensors)
+    bert = vanilla_to_bert(tensors, config, head)
+    if dtype is not None:
+        bert.to(DTYPES[dtype])
     with atomic_output(output, force) as staging:
-        bert.to(DTYPES[dtype]).save_pretrained(staging)
+        bert.save_pretrained(staging)
         copy_side_files(source_dir, staging)
+        if verify_parity:
+            # What a user will do: load the written folder with transformers alone, next to the source.
+            print(f"Verifying the written {HEADS[head].bert} against the vanilla source (padded batch):")
+            reference = HEADS[head].ours.from_pretrained(source_dir, dtype=torch.float32).eval()
+            written = HEADS[head].auto.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
+            ok, parity = compare(reference, written.eval(), head)
+            if not ok:
+                raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
+            print(f"  OK: {parity}")
     return Path(output)
 
 
@@ -339,8 +396,11 @@ def register(subparsers) -> None:
                                               command="python -m conversion " + " ".join(sys.argv[1:])))
 
     parser = subparsers.add_parser("to-bert", help="a vanilla encoder checkpoint -> a transformers BERT checkpoint")
-    parser.add_argument("--source", required=True, help="vanilla encoder checkpoint directory")
+    parser.add_argument("--source", required=True, help="vanilla encoder checkpoint directory (or Hub id)")
     parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    parser.add_argument("--force", action="store_true")
-    parser.set_defaults(run=lambda a: to_bert(a.source, a.output, a.force, a.dtype))
+    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
+                        help="dtype of the saved weights (default: as stored, which makes the round trip exact)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output once conversion succeeds")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip loading the written BERT with transformers and comparing it with the source")
+    parser.set_defaults(run=lambda a: to_bert(a.source, a.output, a.force, a.dtype, a.verify))
