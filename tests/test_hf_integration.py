@@ -1,0 +1,260 @@
+"""Hugging Face citizenship: remote-code loading without hf_vanilla installed, save/load round trips (safetensors,
+shards, half precision) and resizing the vocabulary.
+
+The remote-code test runs in a fresh interpreter (`python -I`) that cannot import hf_vanilla: what it loads is only
+what `save_pretrained` wrote next to the weights (config.json's `auto_map`, configuration_vanilla.py,
+modeling_vanilla.py), exactly as a user who downloaded the checkpoint would get it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hf_references import converted
+from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+import hf_vanilla  # noqa: F401  (registers the Auto classes)
+from hf_vanilla import VanillaEncoderForMaskedLM, VanillaEncoderModel
+
+HEAD_KINDS = ("masked-lm", "sentiment", "ner", "qa")
+
+# Runs in the isolated interpreter. argv[1]: JSON list of {"kind", "vanilla", "reference"}. Prints one JSON line.
+REMOTE_SCRIPT = textwrap.dedent(
+    r'''
+    import importlib.abc, json, sys
+
+    class BlockRepo(importlib.abc.MetaPathFinder):
+        """`python -I` already drops the working directory; this also hides the editable install of the repo."""
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in ("hf_vanilla", "conversion"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    sys.meta_path.insert(0, BlockRepo())
+    results = {"hf_vanilla_importable": True, "checks": []}
+    try:
+        import hf_vanilla  # noqa: F401
+    except ImportError:
+        results["hf_vanilla_importable"] = False
+
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer, BertModel
+
+    REFERENCE_CLASS = {  # our class -> transformers' BERT class with the same head, and the output compared
+        "VanillaEncoderModel": ("BertModel", "last_hidden_state"),
+        "VanillaEncoderForMaskedLM": ("BertForMaskedLM", "logits"),
+        "VanillaEncoderForSequenceClassification": ("BertForSequenceClassification", "logits"),
+        "VanillaEncoderForTokenClassification": ("BertForTokenClassification", "logits"),
+        "VanillaEncoderForQuestionAnswering": ("BertForQuestionAnswering", "start_logits"),
+    }
+    texts = ["The capital of France is [MASK].", "A second, longer sentence that pads the first one out a little."]
+
+    def max_diff(ours, theirs, mask):
+        delta = (ours.float() - theirs.float()).abs()
+        return (delta[mask] if ours.dim() > 2 or ours.shape[-1] == mask.shape[-1] else delta).max().item()
+
+    for item in json.loads(sys.argv[1]):
+        config = AutoConfig.from_pretrained(item["vanilla"], trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(item["vanilla"], trust_remote_code=True)
+        batch = tokenizer(texts, padding=True, return_tensors="pt")
+        mask = batch["attention_mask"].bool()
+        architecture = config.architectures[0]
+        for auto_name, target in sorted(config.auto_map.items()):
+            if auto_name == "AutoConfig":
+                continue
+            check = {"kind": item["kind"], "auto_class": auto_name}
+            try:
+                # Another task's head is initialised afresh; where its tensor names collide with this head's
+                # (a `classifier` of another width), the checkpoint's tensor is skipped, as for any BERT.
+                own_head = target.rpartition(".")[2] == architecture
+                model = getattr(transformers, auto_name).from_pretrained(
+                    item["vanilla"], trust_remote_code=True, ignore_mismatched_sizes=not own_head).eval()
+                check["class"] = type(model).__name__
+                check["module"] = type(model).__module__
+                check["config_module"] = type(model.config).__module__
+                with torch.no_grad():
+                    ours = model(**batch, output_hidden_states=True)
+                    if own_head:  # the checkpoint's own head: compare its output
+                        ref_name, field = REFERENCE_CLASS[architecture]
+                        reference = getattr(transformers, ref_name).from_pretrained(item["reference"]).eval()
+                        theirs = reference(**batch)
+                        check["max_diff"] = max_diff(getattr(ours, field), getattr(theirs, field), mask)
+                        if field == "start_logits":
+                            check["max_diff"] = max(check["max_diff"], max_diff(ours.end_logits, theirs.end_logits, mask))
+                        if field == "last_hidden_state" and ours.pooler_output is not None:
+                            pooled = (ours.pooler_output - theirs.pooler_output).abs().max().item()
+                            check["max_diff"] = max(check["max_diff"], pooled)
+                    else:  # another task's head, freshly initialised: the encoder it sits on must still match
+                        theirs = BertModel.from_pretrained(item["reference"]).eval()(**batch)
+                        check["max_diff"] = max_diff(ours.hidden_states[-1], theirs.last_hidden_state, mask)
+            except Exception as error:
+                check["error"] = f"{type(error).__name__}: {error}"
+            results["checks"].append(check)
+
+        if item["kind"] == "masked-lm":  # a pipeline on remote code, against the same pipeline on BERT
+            from transformers import pipeline
+            ours = pipeline("fill-mask", model=item["vanilla"], trust_remote_code=True)(texts[0], top_k=5)
+            theirs = pipeline("fill-mask", model=item["reference"])(texts[0], top_k=5)
+            results["fill_mask"] = {"ours": ours, "theirs": theirs}
+        if item["kind"] == "minilm":  # sentence-transformers reads the same folder through remote code
+            from sentence_transformers import SentenceTransformer
+            ours = SentenceTransformer(item["vanilla"], trust_remote_code=True, device="cpu").encode(texts)
+            theirs = SentenceTransformer(item["reference"], device="cpu").encode(texts)
+            results["sentence_transformers_max_diff"] = float(abs(ours - theirs).max())
+    print("RESULTS " + json.dumps(results))
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, minilm_path):
+    """kind -> (reference BERT directory, converted vanilla directory)."""
+    return {kind: converted(tmp_path_factory, minilm_path, kind) for kind in ("minilm", *HEAD_KINDS)}
+
+
+@pytest.fixture(scope="module")
+def remote_results(checkpoints, tmp_path_factory):
+    items = [{"kind": kind, "vanilla": str(vanilla), "reference": str(reference)}
+             for kind, (reference, vanilla) in checkpoints.items()]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "HF_MODULES_CACHE": str(tmp_path_factory.mktemp("hf_modules"))}  # remote code is copied here
+    result = subprocess.run([sys.executable, "-I", "-c", REMOTE_SCRIPT, json.dumps(items)], env=env,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.getbasetemp())
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert result.returncode == 0 and lines, f"remote-code subprocess failed:\n{result.stdout}\n{result.stderr}"
+    return json.loads(lines[-1].removeprefix("RESULTS "))
+
+
+# ---- trust_remote_code, without hf_vanilla ---------------------------------------------------------------------
+
+
+def test_subprocess_cannot_import_hf_vanilla(remote_results):
+    assert remote_results["hf_vanilla_importable"] is False
+
+
+def test_every_auto_class_loads_through_remote_code_and_matches_bert(remote_results):
+    checks = remote_results["checks"]
+    errors = [c for c in checks if "error" in c]
+    assert not errors, errors
+    loaded = {(c["kind"], c["auto_class"]) for c in checks}
+    for kind in ("minilm", *HEAD_KINDS):  # every model Auto class of the auto_map, on every checkpoint
+        for auto_class in ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification",
+                           "AutoModelForTokenClassification", "AutoModelForQuestionAnswering"):
+            assert (kind, auto_class) in loaded
+    for check in checks:
+        assert check["module"].startswith("transformers_modules."), check  # the saved file, not hf_vanilla
+        assert check["config_module"].startswith("transformers_modules."), check
+        assert check["max_diff"] <= 1e-5, check
+
+
+def test_remote_code_pipeline_matches_bert(remote_results):
+    ours, theirs = remote_results["fill_mask"]["ours"], remote_results["fill_mask"]["theirs"]
+    assert [a["token_str"] for a in ours] == [b["token_str"] for b in theirs]
+    assert all(abs(a["score"] - b["score"]) <= 1e-5 for a, b in zip(ours, theirs))
+
+
+def test_sentence_transformers_loads_through_remote_code(remote_results):
+    assert remote_results["sentence_transformers_max_diff"] <= 1e-5
+
+
+# ---- save / load ------------------------------------------------------------------------------------------------
+
+
+def _outputs(model, tokenizer):
+    batch = tokenizer(["Paris is the capital of [MASK].", "hello"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def test_save_pretrained_round_trip_is_exact(checkpoints, tmp_path):
+    _, vanilla = checkpoints["masked-lm"]
+    model = AutoModelForMaskedLM.from_pretrained(vanilla).eval()
+    assert isinstance(model, VanillaEncoderForMaskedLM)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert not list(tmp_path.glob("*.bin")), "weights must be saved as safetensors"
+    reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    ours, theirs = model.state_dict(), reloaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    assert reloaded.lm_head.decoder.weight is reloaded.model.get_input_embeddings().weight  # still tied
+    tokenizer = AutoTokenizer.from_pretrained(vanilla)
+    assert torch.equal(_outputs(model, tokenizer), _outputs(reloaded, tokenizer))
+
+
+def test_sharded_save_loads_back_exactly(checkpoints, tmp_path):
+    _, vanilla = checkpoints["masked-lm"]
+    model = AutoModelForMaskedLM.from_pretrained(vanilla).eval()
+    model.save_pretrained(tmp_path, max_shard_size="20KB")  # the embedding matrix alone, then ~8 KB layers
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(shards) > 2 and not (tmp_path / "model.safetensors").exists()
+    assert set(index["weight_map"].values()) == {p.name for p in shards}
+    reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reloaded.state_dict()[key]), key
+    tokenizer = AutoTokenizer.from_pretrained(vanilla)
+    assert torch.equal(_outputs(model, tokenizer), _outputs(reloaded, tokenizer))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_loads_in_half_precision(checkpoints, dtype):
+    reference, vanilla = checkpoints["minilm"]
+    tokenizer = AutoTokenizer.from_pretrained(vanilla)
+    batch = tokenizer(["A sentence about cats.", "Another, longer sentence about dogs and their owners."],
+                      padding=True, return_tensors="pt")
+    full = AutoModel.from_pretrained(vanilla).eval()
+    half = AutoModel.from_pretrained(vanilla, dtype=dtype).eval()
+    assert isinstance(half, VanillaEncoderModel)
+    assert {p.dtype for p in half.parameters()} == {dtype}
+    assert half.config.dtype == dtype
+    with torch.no_grad():
+        want = full(**batch).last_hidden_state
+        got = half(**batch).last_hidden_state
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    mask = batch["attention_mask"].bool()
+    # bfloat16 keeps 8 bits of mantissa, float16 11: compare against the float32 run with matching slack
+    tolerance = 0.15 if dtype == torch.bfloat16 else 0.02
+    assert (got.float() - want)[mask].abs().max() < tolerance
+    cosine = torch.nn.functional.cosine_similarity(got.float()[mask], want[mask], dim=-1)
+    assert cosine.min() > 0.999
+
+
+def test_resize_token_embeddings_keeps_the_decoder_tied(checkpoints, tmp_path):
+    _, vanilla = checkpoints["masked-lm"]
+    model = AutoModelForMaskedLM.from_pretrained(vanilla).eval()
+    old_vocab = model.config.vocab_size
+    tokenizer = AutoTokenizer.from_pretrained(vanilla)
+    tokenizer.add_tokens(["[NEW1]", "[NEW2]", "[NEW3]"])
+    model.resize_token_embeddings(len(tokenizer))
+    new_vocab = old_vocab + 3
+
+    embeddings, decoder = model.get_input_embeddings(), model.get_output_embeddings()
+    assert embeddings.weight.shape[0] == new_vocab == model.config.vocab_size
+    assert decoder.weight.data_ptr() == embeddings.weight.data_ptr()  # same storage, not a copy
+    assert decoder.bias.shape == (new_vocab,) and decoder.out_features == new_vocab
+
+    batch = tokenizer(["a [NEW1] token and a [MASK]"], return_tensors="pt")
+    assert batch["input_ids"].max() >= old_vocab  # the new token is read as input
+    with torch.no_grad():
+        logits = model(**batch).logits
+        assert logits.shape[-1] == new_vocab
+        # The new rows are scored: make [NEW3]'s embedding point along the masked position's output direction
+        # and it wins there, which only happens if the decoder reads the (tied) resized matrix.
+        mask_position = (batch["input_ids"][0] == tokenizer.mask_token_id).nonzero().item()
+        transformed = model.lm_head.norm(model.lm_head.act(model.lm_head.dense(
+            model.model(**batch).last_hidden_state[0, mask_position])))
+        embeddings.weight[new_vocab - 1] = transformed / transformed.norm() * 50
+        logits = model(**batch).logits
+    assert logits[0, mask_position].argmax().item() == new_vocab - 1
+
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path)
+    assert reloaded.config.vocab_size == new_vocab
+    assert reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
+    assert torch.equal(reloaded.get_output_embeddings().bias, decoder.bias)
