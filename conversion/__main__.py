@@ -6,9 +6,10 @@ import sys
 from . import bert
 from . import seq2seq
 from . import distilbert, electra, roberta
+from . import onnx_export
 from .common import ConversionError
 
-CONVERTERS = [bert, seq2seq, roberta, distilbert, electra]
+CONVERTERS = [bert, seq2seq, roberta, distilbert, electra, onnx_export]
 
 
 def main(argv=None) -> int:
