@@ -1,0 +1,539 @@
+"""Input checking and numerical safety (issue 6).
+
+Bad input must fail with a `ValueError` that names the limit and the offending value, before any kernel runs: an
+index kernel would turn it into an opaque error (on GPU, a device-side assert that poisons the process). Every
+error test therefore also records the forward calls of every leaf module and asserts that none ran.
+
+Padding must be harmless: a row that is all padding gives finite outputs and leaves the other rows' outputs as
+they would be without it, on the padded (eager) and the packed (sdpa and eager without attention maps) paths, and
+in float16. Half-precision forward passes of a BERT-sized model never produce NaN/Inf on ordinary text.
+"""
+
+import contextlib
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_vanilla.modeling_vanilla as modeling
+from hf_vanilla import (
+    VanillaEncoderConfig,
+    VanillaEncoderModel,
+    VanillaSeq2SeqConfig,
+    VanillaSeq2SeqForConditionalGeneration,
+)
+
+V, P, TYPES = 50, 16, 2  # vocabulary, position table, token types of the tiny models
+B, T = 3, 6
+
+SENTENCES = [
+    "The cat sat on the mat.",
+    "Transformers replaced recurrence with attention, and the field has not looked back since 2017.",
+    "Hi!",
+    "A padded batch mixes short and long sentences, so most of this row is padding.",
+]
+
+
+def encoder(attn="eager", **overrides):
+    torch.manual_seed(0)
+    fields = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                  max_position_embeddings=P, type_vocab_size=TYPES, attn_implementation=attn)
+    return VanillaEncoderModel(VanillaEncoderConfig(**(fields | overrides))).eval()
+
+
+def seq2seq(attn="eager", **overrides):
+    torch.manual_seed(0)
+    fields = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                  max_position_embeddings=P, pad_token_id=0, eos_token_id=None, attn_implementation=attn)
+    return VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqConfig(**(fields | overrides))).eval()
+
+
+def ids(batch=B, length=T, seed=1):
+    return torch.randint(1, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def padded_mask(batch=B, length=T):
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, length // 2:] = 0  # right padding
+    if batch > 2:
+        mask[2, :2] = 0  # left padding
+    return mask
+
+
+@contextlib.contextmanager
+def no_kernel_runs(model):
+    """Record every leaf module's forward (embeddings, projections, norms); assert none ran inside the block."""
+    calls = []
+    handles = [
+        module.register_forward_pre_hook(lambda module, args, name=name: calls.append(name))
+        for name, module in model.named_modules() if not list(module.children())
+    ]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [], f"modules ran before the input was refused: {calls}"
+
+
+def assert_refused(model, match, **inputs):
+    """`model(**inputs)` raises a ValueError matching every pattern in `match`, before any module runs."""
+    with no_kernel_runs(model), pytest.raises(ValueError) as info:
+        with torch.no_grad():
+            model(**inputs)
+    for pattern in [match] if isinstance(match, str) else match:
+        assert re.search(pattern, str(info.value)), f"{pattern!r} not in: {info.value}"
+    return str(info.value)
+
+
+def test_hook_sees_a_normal_forward():
+    """The detector works: a valid forward is recorded (so an empty record in the tests below means something)."""
+    model = encoder()
+    with pytest.raises(AssertionError, match="encoder.embeddings.word_embeddings"):
+        with no_kernel_runs(model):
+            model(input_ids=ids())
+
+
+# ---- token ids ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("bad", [V, V + 7, -1])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_input_ids_out_of_range(attn, bad, with_mask):
+    model, input_ids = encoder(attn), ids()
+    input_ids[1, 2] = bad
+    mask = padded_mask() if with_mask else None
+    message = assert_refused(model, [rf"input_ids contains {bad}\b", rf"\[0, {V}\)", rf"vocab_size={V}"],
+                             input_ids=input_ids, attention_mask=mask)
+    assert "tokenizer" in message  # the fix
+
+
+def test_largest_valid_ids_are_accepted():
+    model, input_ids = encoder(), ids()
+    input_ids[0, 0], input_ids[0, 1] = V - 1, 0
+    token_type_ids = torch.full_like(input_ids, TYPES - 1)
+    position_ids = torch.arange(P - T, P).expand(B, T)
+    out = model(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
+    assert torch.isfinite(out.last_hidden_state).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool])
+def test_input_ids_must_be_integers(dtype):
+    assert_refused(encoder(), [r"input_ids must hold integer ids", str(dtype), r"\.long\(\)"],
+                   input_ids=ids().to(dtype))
+
+
+@pytest.mark.parametrize("shape", [(T,), (1, B, T)])
+def test_input_ids_must_be_two_dimensional(shape):
+    assert_refused(encoder(), [r"input_ids must be \(batch, length\)", re.escape(str(shape))],
+                   input_ids=torch.ones(shape, dtype=torch.long))
+
+
+def test_inputs_embeds_width_is_checked():
+    assert_refused(encoder(), [r"inputs_embeds must be", r"embedding_size=16", r"\(3, 6, 8\)"],
+                   inputs_embeds=torch.randn(B, T, 8))
+    assert_refused(encoder(), r"inputs_embeds must be .* got shape \(6, 16\)", inputs_embeds=torch.randn(T, 16))
+
+
+def test_exactly_one_of_ids_and_embeds():
+    assert_refused(encoder(), "Pass exactly one of input_ids or inputs_embeds")
+    assert_refused(encoder(), "Pass exactly one of input_ids or inputs_embeds",
+                   input_ids=ids(), inputs_embeds=torch.randn(B, T, 16))
+
+
+# ---- token types ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("bad", [TYPES, 9, -2])
+def test_token_type_ids_out_of_range(attn, bad):
+    token_type_ids = torch.zeros(B, T, dtype=torch.long)
+    token_type_ids[2, 4] = bad
+    assert_refused(encoder(attn), [rf"token_type_ids contains {bad}\b", rf"type_vocab_size={TYPES}"],
+                   input_ids=ids(), attention_mask=padded_mask(), token_type_ids=token_type_ids)
+
+
+def test_token_type_ids_on_a_model_without_types():
+    assert_refused(encoder(type_vocab_size=0), [r"no token types \(type_vocab_size=0\)", "drop token_type_ids"],
+                   input_ids=ids(), token_type_ids=torch.ones(B, T, dtype=torch.long))
+
+
+def test_token_type_ids_shape():
+    assert_refused(encoder(), [r"token_type_ids has shape \(3, 5\)", r"input_ids has shape \(3, 6\)"],
+                   input_ids=ids(), token_type_ids=torch.zeros(B, T - 1, dtype=torch.long))
+    assert_refused(encoder(), r"token_type_ids must hold integer ids",
+                   input_ids=ids(), token_type_ids=torch.zeros(B, T))
+
+
+# ---- lengths and positions ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("offset", [0, 2])
+def test_sequence_longer_than_position_table(attn, offset):
+    model = encoder(attn, position_offset=offset)
+    longest = P - offset
+    out = model(input_ids=ids(length=longest))  # exactly the longest allowed runs
+    assert out.last_hidden_state.shape == (B, longest, 16)
+    assert_refused(model, [rf"has {longest + 1} tokens", rf"at most {longest}\b", rf"max_position_embeddings={P}",
+                           rf"position_offset={offset}", "truncat"],
+                   input_ids=ids(length=longest + 1), attention_mask=padded_mask(length=longest + 1))
+
+
+def test_sinusoidal_positions_have_the_same_limit():
+    model = encoder(position_embedding_type="sinusoidal", position_offset=3)
+    model(input_ids=ids(length=P - 3))
+    assert_refused(model, [r"has 14 tokens", r"at most 13\b"], input_ids=ids(length=P - 2))
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("bad", [P, P + 5, -1])
+def test_position_ids_out_of_range(attn, bad):
+    position_ids = torch.arange(T).expand(B, T).clone()
+    position_ids[1, 3] = bad
+    assert_refused(encoder(attn), [rf"position_ids contains {bad}\b", rf"max_position_embeddings={P}"],
+                   input_ids=ids(), attention_mask=padded_mask(), position_ids=position_ids)
+
+
+def test_position_ids_shape():
+    assert_refused(encoder(), [r"position_ids has shape \(2, 6\)", r"\(1, 6\) shared by every row"],
+                   input_ids=ids(), position_ids=torch.arange(T).expand(2, T))
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_shared_position_and_token_type_rows(attn):
+    """Regression: position_ids/token_type_ids of shape (T,) or (1, T), which BERT accepts, crashed the packed
+    path (a reshape to B*T) with an opaque RuntimeError; they now mean the same row for every sequence."""
+    model, input_ids, mask = encoder(attn), ids(), padded_mask()
+    positions = torch.tensor([3, 1, 4, 1, 5, 9])
+    types = torch.tensor([0, 0, 1, 1, 1, 0])
+    with torch.no_grad():
+        full = model(input_ids=input_ids, attention_mask=mask, position_ids=positions.expand(B, T),
+                     token_type_ids=types.expand(B, T)).last_hidden_state
+        for shared in (dict(position_ids=positions, token_type_ids=types),
+                       dict(position_ids=positions[None], token_type_ids=types[None])):
+            out = model(input_ids=input_ids, attention_mask=mask, **shared).last_hidden_state
+            torch.testing.assert_close(out, full, rtol=0, atol=1e-6)
+
+
+# ---- attention masks ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("shape", [(B, T - 1), (B, T + 1), (B + 1, T), (B, 1, T), (B, 1, 1, T), (T,)])
+def test_attention_mask_shape(attn, shape):
+    assert_refused(encoder(attn), [rf"attention_mask has shape {re.escape(str(shape))}",
+                                   rf"should be \({B}, {T}\)", "tokenizer's attention_mask"],
+                   input_ids=ids(), attention_mask=torch.ones(shape, dtype=torch.long))
+
+
+@pytest.mark.parametrize("value", [2, -1, 0.5])
+def test_attention_mask_values(value):
+    """Regression: a mask of 2s was accepted; the padded path turned it into +finfo.max (NaN after softmax) while
+    the packed path read it as 1."""
+    mask = padded_mask()
+    mask = mask.float() if isinstance(value, float) else mask
+    mask[0, 1] = value
+    assert_refused(encoder(), [r"attention_mask must hold 1 \(token\) or 0 \(padding\)", rf"got {value}\b"],
+                   input_ids=ids(), attention_mask=mask)
+
+
+def test_bool_and_float_masks_equal_integer_masks():
+    model, input_ids, mask = encoder("sdpa"), ids(), padded_mask()
+    with torch.no_grad():
+        reference = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        for other in (mask.bool(), mask.float()):
+            torch.testing.assert_close(model(input_ids=input_ids, attention_mask=other).last_hidden_state, reference,
+                                       rtol=0, atol=0)
+
+
+# ---- empty batches --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(0, T), (B, 0), (0, 0)])
+def test_empty_batch(shape):
+    assert_refused(encoder(), [r"empty batch", re.escape(str(shape))], input_ids=torch.zeros(shape, dtype=torch.long),
+                   attention_mask=torch.ones(shape, dtype=torch.long))
+    assert_refused(encoder(), r"empty batch", inputs_embeds=torch.zeros(*shape, 16))
+
+
+def test_empty_decoder_input():
+    model = seq2seq()
+    with pytest.raises(ValueError, match=r"empty batch of shape \(3, 0\)"):
+        model(input_ids=ids(), decoder_input_ids=torch.zeros(B, 0, dtype=torch.long))
+
+
+# ---- the encoder-decoder --------------------------------------------------------------------------------------
+
+
+def test_seq2seq_source_errors_stop_before_any_module():
+    model, source = seq2seq(), ids()
+    source[0, 0] = V + 3
+    assert_refused(model, [rf"input_ids contains {V + 3}\b", rf"vocab_size={V}"],
+                   input_ids=source, decoder_input_ids=ids(length=4))
+    assert_refused(model, r"attention_mask has shape \(3, 5\)",
+                   input_ids=ids(), attention_mask=torch.ones(B, T - 1), decoder_input_ids=ids(length=4))
+    assert_refused(model, [r"has 17 tokens", rf"at most {P}\b"], input_ids=ids(length=P + 1),
+                   decoder_input_ids=ids(length=4))
+
+
+def decoder_refused(model, match, **inputs):
+    """The decoder refuses before any decoder module runs (the encoder, on valid input, has run by then)."""
+    with no_kernel_runs(model.model.decoder), pytest.raises(ValueError) as info:
+        with torch.no_grad():
+            model(**inputs)
+    for pattern in match:
+        assert re.search(pattern, str(info.value)), f"{pattern!r} not in: {info.value}"
+    return str(info.value)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("bad", [V, V + 11, -1])
+def test_decoder_input_ids_out_of_range(attn, bad):
+    target = ids(length=4)
+    target[1, 3] = bad
+    decoder_refused(seq2seq(attn), [rf"decoder_input_ids contains {bad}\b", rf"vocab_size={V}"],
+                    input_ids=ids(), attention_mask=padded_mask(), decoder_input_ids=target)
+
+
+def test_decoder_labels_shifted_out_of_range():
+    labels = ids(length=4)
+    labels[0, 1] = V + 1  # shifted right into decoder_input_ids[0, 2]
+    decoder_refused(seq2seq(), [rf"decoder_input_ids contains {V + 1}\b"], input_ids=ids(), labels=labels)
+
+
+def test_decoder_too_long():
+    model = seq2seq(position_offset=1)
+    decoder_refused(model, [r"decoder sequence .* has 16 tokens", r"at most 15\b", r"position_offset=1",
+                            "max_new_tokens"], input_ids=ids(), decoder_input_ids=ids(length=P))
+
+
+def test_generate_past_the_position_table_is_refused():
+    model = seq2seq()
+    # The start token + 16 new ones: the last step reads 16 positions, exactly the table.
+    out = model.generate(input_ids=ids(), attention_mask=padded_mask(), max_new_tokens=P, do_sample=False)
+    assert out.shape == (B, P + 1)
+    with pytest.raises(ValueError, match=rf"has {P + 1} tokens but the position table allows at most {P}\b"):
+        model.generate(input_ids=ids(), attention_mask=padded_mask(), max_new_tokens=P + 1, do_sample=False)
+
+
+def test_decoder_attention_mask_shape_and_values():
+    model = seq2seq()
+    decoder_refused(model, [r"decoder_attention_mask has shape \(3, 3\)", r"should be \(3, 4\)"],
+                    input_ids=ids(), decoder_input_ids=ids(length=4), decoder_attention_mask=torch.ones(B, 3))
+    decoder_refused(model, [r"decoder_attention_mask must hold 1 \(token\) or 0 \(padding\), got 3"],
+                    input_ids=ids(), decoder_input_ids=ids(length=4),
+                    decoder_attention_mask=torch.full((B, 4), 3))
+
+
+def test_decoder_needs_an_input():
+    decoder_refused(seq2seq(), [r"Pass exactly one of decoder_input_ids or decoder_inputs_embeds \(or labels"],
+                    input_ids=ids())
+
+
+def test_encoder_outputs_must_match_the_target_batch_and_the_mask():
+    model = seq2seq()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(ids())
+    decoder_refused(model, [r"decoder_input_ids has 2 rows but the encoder output has 3"],
+                    encoder_outputs=encoder_outputs, decoder_input_ids=ids(batch=2, length=4))
+    for shape in [(B, T - 2), (1, T)]:
+        decoder_refused(model, [rf"attention_mask has shape {re.escape(str(shape))}",
+                                rf"encoder output covers \({B}, {T}\)"],
+                        encoder_outputs=encoder_outputs, attention_mask=torch.ones(shape, dtype=torch.long),
+                        decoder_input_ids=ids(length=4))
+
+
+def test_seq2seq_token_type_ids_without_types():
+    assert_refused(seq2seq(), "no token types", input_ids=ids(), decoder_input_ids=ids(length=4),
+                   token_type_ids=torch.ones(B, T, dtype=torch.long))
+
+
+# ---- all-padding rows -----------------------------------------------------------------------------------------
+
+
+def with_blank_row(input_ids, mask, row=1):
+    """The batch with one more row at `row` that is all padding (its ids are pad ids)."""
+    blank = torch.zeros(1, input_ids.shape[1], dtype=input_ids.dtype)
+    return (torch.cat([input_ids[:row], blank, input_ids[row:]]),
+            torch.cat([mask[:row], torch.zeros_like(blank), mask[row:]]))
+
+
+def others(x, row=1):
+    return torch.cat([x[:row], x[row + 1:]])
+
+
+@pytest.mark.parametrize("attn, output_attentions", [("eager", True), ("eager", False), ("sdpa", False)],
+                         ids=["eager-padded", "eager-packed", "sdpa-packed"])
+def test_all_padding_row_is_finite_and_isolated(attn, output_attentions):
+    model, input_ids, mask = encoder(attn), ids(), padded_mask()
+    batch, batch_mask = with_blank_row(input_ids, mask)
+    with torch.no_grad():
+        reference = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True,
+                          output_attentions=output_attentions)
+        out = model(input_ids=batch, attention_mask=batch_mask, output_hidden_states=True,
+                    output_attentions=output_attentions)
+    assert torch.isfinite(out.last_hidden_state).all() and torch.isfinite(out.pooler_output).all()
+    real = mask.bool()
+    for ours, ref in zip(out.hidden_states, reference.hidden_states, strict=True):
+        assert torch.isfinite(ours).all()
+        torch.testing.assert_close(others(ours)[real], ref[real], rtol=0, atol=1e-5)
+    if output_attentions:
+        for weights in out.attentions:
+            torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+
+
+@pytest.mark.parametrize("attn, output_attentions", [("eager", True), ("eager", False), ("sdpa", False)])
+def test_batch_of_nothing_but_padding(attn, output_attentions):
+    """Regression: a batch whose every row is padding crashed the packed path (torch.cat of no sequences)."""
+    model = encoder(attn)
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros(2, T, dtype=torch.long), attention_mask=torch.zeros(2, T, dtype=torch.long),
+                    output_attentions=output_attentions)
+    assert torch.isfinite(out.last_hidden_state).all() and torch.isfinite(out.pooler_output).all()
+
+
+def force_very_negative_scores(model):
+    """Make every attention score about -45 (q = 4, k = -4 in every feature): in float16, -45 + finfo.min
+    overflows to -inf, so a query whose keys are all masked would get a softmax of NaN."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, modeling.VanillaAttention):
+                module.q_proj.weight.zero_()
+                module.k_proj.weight.zero_()
+                module.q_proj.bias.fill_(4.0)
+                module.k_proj.bias.fill_(-4.0)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_all_padding_row_in_half_precision_padded_path(dtype):
+    """Regression: in float16 the padded path's mask (score + finfo.min) overflowed to -inf for every key of an
+    all-padding row, and that row's attention weights became NaN. Fully masked rows now attend everywhere."""
+    model = force_very_negative_scores(encoder("eager")).to(dtype)
+    batch, batch_mask = with_blank_row(ids(), padded_mask())
+    with torch.no_grad():
+        out = model(input_ids=batch, attention_mask=batch_mask, output_attentions=True)
+    assert all(torch.isfinite(w).all() for w in out.attentions)
+    assert torch.isfinite(out.last_hidden_state).all()
+
+
+def test_additive_mask_opens_fully_masked_rows_only():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    additive = modeling.additive_mask(mask[:, None, None, :], torch.float16)
+    low = torch.finfo(torch.float16).min
+    assert additive[0, 0, 0].tolist() == [0, 0, low]
+    assert additive[1, 0, 0].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_seq2seq_all_padding_source_row(attn, dtype):
+    """A source row that is all padding: cross-attention has nothing to read; the logits stay finite, and the
+    other rows' logits are those of the batch without it."""
+    model = seq2seq(attn)
+    if dtype == torch.float16:
+        force_very_negative_scores(model)
+    model = model.to(dtype)
+    source, mask = ids(), padded_mask()
+    target = ids(length=4, seed=2)
+    batch, batch_mask = with_blank_row(source, mask)
+    batch_target = torch.cat([target[:1], target[:1], target[1:]])
+    with torch.no_grad():
+        reference = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        out = model(input_ids=batch, attention_mask=batch_mask, decoder_input_ids=batch_target).logits
+    assert torch.isfinite(out).all()
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(others(out), reference, rtol=0, atol=tolerance)
+
+
+def test_decoder_all_padding_row():
+    model = seq2seq()
+    source, mask = ids(), padded_mask()
+    target, target_mask = ids(length=4, seed=2), torch.ones(B, 4, dtype=torch.long)
+    with torch.no_grad():
+        reference = model(input_ids=source, attention_mask=mask, decoder_input_ids=target,
+                          decoder_attention_mask=target_mask).logits
+        target_mask[1] = 0
+        out = model(input_ids=source, attention_mask=mask, decoder_input_ids=target,
+                    decoder_attention_mask=target_mask).logits
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(others(out), others(reference), rtol=0, atol=1e-5)
+
+
+# ---- half precision on real text ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_batch(minilm_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    return dict(tokenizer(SENTENCES, padding=True, return_tensors="pt"))
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    from conversion.bert import bert_to_vanilla
+    from conversion.common import load_tensors, read_config
+
+    return bert_to_vanilla(load_tensors(Path(minilm_path)), read_config(Path(minilm_path)), "base")
+
+
+def assert_half_precision_close(model, batch, reference, dtype, path, tolerance):
+    """Every hidden state finite at every position, and at real tokens close to the float32 `reference`."""
+    attn, output_attentions = PATHS[path]
+    model = copy.deepcopy(model).to(dtype)  # a copy: rounding the shared float32 weights would spoil the references
+    model.set_attn_implementation(attn)
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True, output_attentions=output_attentions)
+    for i, (ours, ref) in enumerate(zip(out.hidden_states, reference.hidden_states, strict=True)):
+        assert torch.isfinite(ours).all(), f"non-finite values in layer {i} ({dtype}, {path})"
+        cosine = torch.nn.functional.cosine_similarity(ours.float()[real], ref[real], dim=-1)
+        assert cosine.min() > tolerance, f"layer {i}: cosine {cosine.min():.4f} ({dtype}, {path})"
+    assert torch.isfinite(out.pooler_output).all()
+    if output_attentions:
+        assert all(torch.isfinite(weights).all() for weights in out.attentions)
+
+
+# The padded path (eager with attention maps) adds the mask to the scores; the packed path never forms them.
+PATHS = {"eager-padded": ("eager", True), "sdpa-packed": ("sdpa", False)}
+
+
+def float32_reference(model, batch):
+    with torch.no_grad():
+        return model(**batch, output_hidden_states=True)
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm, text_batch):
+    return float32_reference(minilm, text_batch)
+
+
+@pytest.fixture(scope="module")
+def bert_base():
+    """bert-base sizes (the VanillaEncoderConfig defaults: 12 layers, 768 wide, 30522 tokens), random init."""
+    torch.manual_seed(0)
+    return VanillaEncoderModel(VanillaEncoderConfig(attn_implementation="sdpa")).eval()
+
+
+@pytest.fixture(scope="module")
+def bert_base_reference(bert_base, text_batch):
+    return float32_reference(bert_base, text_batch)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_minilm_half_precision_on_text(minilm, text_batch, minilm_reference, dtype, path):
+    """The real all-MiniLM-L6-v2 weights, converted, on a padded batch of tokenized sentences."""
+    assert_half_precision_close(minilm, text_batch, minilm_reference, dtype, path, tolerance=0.99)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bert_base_shaped_half_precision_on_text(bert_base, text_batch, bert_base_reference, dtype, path):
+    assert_half_precision_close(bert_base, text_batch, bert_base_reference, dtype, path, tolerance=0.99)
