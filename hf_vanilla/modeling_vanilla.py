@@ -707,7 +707,7 @@ class VanillaEncoderForMaskedLM(VanillaPreTrainedModel):
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+            loss = CrossEntropyLoss()(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1).to(logits.device))
         output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
         return output if _return_dict(self.config, return_dict) else output.to_tuple()
 
@@ -755,7 +755,7 @@ class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
                 return MSELoss()(logits.squeeze(), labels.squeeze())
             return MSELoss()(logits, labels)
         if self.config.problem_type == "single_label_classification":
-            return CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+            return CrossEntropyLoss()(logits.reshape(-1, self.num_labels), labels.reshape(-1))
         return BCEWithLogitsLoss()(logits, labels)
 
 
@@ -785,7 +785,7 @@ class VanillaEncoderForTokenClassification(VanillaPreTrainedModel):
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1).to(logits.device))
+            loss = CrossEntropyLoss()(logits.reshape(-1, self.num_labels), labels.reshape(-1).to(logits.device))
         output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                        attentions=out.attentions)
         return output if _return_dict(self.config, return_dict) else output.to_tuple()
@@ -974,7 +974,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationM
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1).to(logits.device))
+            loss = CrossEntropyLoss()(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1).to(logits.device))
         output = Seq2SeqLMOutput(
             loss=loss, logits=logits, past_key_values=out.past_key_values,
             decoder_hidden_states=out.decoder_hidden_states, decoder_attentions=out.decoder_attentions,

@@ -1,0 +1,173 @@
+"""Accelerate: big-model placement with CPU + disk offload, layer-boundary device maps, and real two-process
+(gloo) data-parallel training with save/resume. All on CPU; the GPU checks live in test_gpu.py."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import infer_auto_device_map, init_empty_weights, load_checkpoint_and_dispatch
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification
+
+from hf_vanilla import (
+    VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaSeq2SeqConfig,
+    VanillaSeq2SeqForConditionalGeneration,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+INSIDE_A_LAYER = re.compile(r"layers\.\d+\.")  # a device-map key below a layer means the layer was cut
+
+
+def encoder_config():
+    return VanillaEncoderConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                intermediate_size=128, max_position_embeddings=64)
+
+
+def seq2seq_config():
+    return VanillaSeq2SeqConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, decoder_layers=3,
+                                num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+
+
+def model_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("accelerate")
+    encoder = VanillaEncoderForMaskedLM(encoder_config()).eval()
+    seq2seq = VanillaSeq2SeqForConditionalGeneration(seq2seq_config()).eval()
+    encoder.save_pretrained(root / "encoder")
+    seq2seq.save_pretrained(root / "seq2seq")
+    return root, encoder, seq2seq
+
+
+def padded_batch(vocab_size):
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, vocab_size, (3, 12), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 8:] = 0
+    attention_mask[2, 4:] = 0
+    return input_ids, attention_mask
+
+
+def assert_offloaded_at_layer_boundaries(device_map):
+    assert {"cpu", "disk"} <= set(device_map.values()), f"expected a CPU + disk split, got {device_map}"
+    cut = [key for key in device_map if INSIDE_A_LAYER.search(key)]
+    assert not cut, f"the device map cuts layers in two: {cut}"
+
+
+def test_encoder_with_cpu_and_disk_offload_matches_plain_load(saved, tmp_path):
+    root, encoder, _ = saved
+    offloaded = VanillaEncoderForMaskedLM.from_pretrained(
+        root / "encoder", device_map="auto", max_memory={"cpu": model_bytes(encoder) // 2},
+        offload_folder=tmp_path / "offload",
+    )
+    assert_offloaded_at_layer_boundaries(offloaded.hf_device_map)
+    input_ids, attention_mask = padded_batch(encoder.config.vocab_size)
+    with torch.no_grad():
+        expected = encoder(input_ids=input_ids, attention_mask=attention_mask).logits
+        actual = offloaded(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+def test_seq2seq_generate_with_cpu_and_disk_offload_matches_plain_load(saved, tmp_path):
+    root, _, seq2seq = saved
+    offloaded = VanillaSeq2SeqForConditionalGeneration.from_pretrained(
+        root / "seq2seq", device_map="auto", max_memory={"cpu": model_bytes(seq2seq) // 2},
+        offload_folder=tmp_path / "offload",
+    )
+    assert_offloaded_at_layer_boundaries(offloaded.hf_device_map)
+    input_ids, attention_mask = padded_batch(seq2seq.config.vocab_size)
+    for options in ({"do_sample": False}, {"num_beams": 3, "do_sample": False}):
+        with torch.no_grad():
+            expected = seq2seq.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, **options)
+            actual = offloaded.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, **options)
+        assert torch.equal(actual, expected), options
+    with torch.no_grad():
+        labels = input_ids[:, :6]
+        expected = seq2seq(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+        actual = offloaded(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("make_config, model_class", [
+    (encoder_config, VanillaEncoderForMaskedLM),
+    (seq2seq_config, VanillaSeq2SeqForConditionalGeneration),
+])
+@pytest.mark.parametrize("fraction", [0.2, 0.45, 0.7])
+def test_inferred_maps_split_only_between_layers_and_keep_tied_weights_together(make_config, model_class, fraction):
+    with init_empty_weights():
+        model = model_class(make_config())
+    model.tie_weights()  # init_empty_weights leaves ties undone in transformers 5.23
+    budget = int(model_bytes(model) * fraction)
+    device_map = infer_auto_device_map(model, max_memory={"cpu": budget, "disk": 10**12},
+                                       no_split_module_classes=model._no_split_modules)
+    assert not [key for key in device_map if INSIDE_A_LAYER.search(key)], device_map
+
+    def device_of(name):  # the entry covering a parameter: its longest matching prefix in the map
+        return device_map[max((k for k in device_map if k == "" or name.startswith(k + ".")), key=len)]
+
+    for target, source in model.get_expanded_tied_weights_keys(all_submodels=True).items():
+        assert device_of(target) == device_of(source), (target, source, device_map)
+
+
+def test_load_checkpoint_and_dispatch_with_offload(saved, tmp_path):
+    root, encoder, _ = saved
+    with init_empty_weights():
+        empty = VanillaEncoderForMaskedLM(encoder.config)
+    empty.tie_weights()
+    dispatched = load_checkpoint_and_dispatch(
+        empty, str(root / "encoder" / "model.safetensors"), device_map="auto",
+        max_memory={"cpu": model_bytes(encoder) // 2},  # what does not fit goes to disk
+        no_split_module_classes=empty._no_split_modules, offload_folder=str(tmp_path / "offload"),
+    )
+    assert_offloaded_at_layer_boundaries(dispatched.hf_device_map)
+    dispatched.eval()  # unlike from_pretrained, dispatch leaves the model in training mode (dropout on)
+    input_ids, attention_mask = padded_batch(encoder.config.vocab_size)
+    with torch.no_grad():
+        expected = encoder(input_ids=input_ids, attention_mask=attention_mask).logits
+        actual = dispatched(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+def run_training(*args, processes=1):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                "--master_port", str(29500 + os.getpid() % 1000)] if processes > 1 else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([*launcher, str(ROOT / "examples" / "train_accelerate.py"), "--cpu", *args],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_two_process_training_keeps_ranks_identical_and_saves_a_loadable_model(tmp_path):
+    run_training("--task", "classification", "--output", str(tmp_path), "--steps", "4", "--batch-size", "4",
+                 "--save-rank-weights", processes=2)
+    rank0 = load_file(tmp_path / "rank0.safetensors")
+    rank1 = load_file(tmp_path / "rank1.safetensors")
+    assert rank0.keys() == rank1.keys()
+    for key in rank0:
+        assert torch.equal(rank0[key], rank1[key]), f"ranks disagree on {key}"
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "final")
+    assert type(loaded).__name__ == "VanillaEncoderForSequenceClassification"
+    for key, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, rank0[key]), f"saved model differs from rank 0 on {key}"
+
+
+def test_resume_from_saved_state_is_exact(tmp_path):
+    common = ["--task", "seq2seq", "--steps", "6", "--batch-size", "4", "--dropout", "0", "--save-rank-weights"]
+    run_training(*common, "--output", str(tmp_path / "straight"), "--checkpoint-every", "3")
+    run_training(*common, "--output", str(tmp_path / "resumed"),
+                 "--resume-from", str(tmp_path / "straight" / "checkpoint-3"))
+    straight = load_file(tmp_path / "straight" / "rank0.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "rank0.safetensors")
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], atol=0, rtol=0, msg=key)
