@@ -310,10 +310,11 @@ class EncoderFormat:
             "pooler" is used by the base model only: transformers' head models build no pooler.
         heads: head name (the --head choice) -> `EncoderHead`.
         refused: source class suffix -> why that head cannot be expressed (the message adds the way out).
+        task_modules: source modules of the refused heads ("classifier" for RoBERTa's dense + out_proj): left out,
+            with every other head's modules, when the encoder alone is converted (--head base).
         vanilla_config: (full source config dict, head) -> `VanillaEncoderConfig`; raises `ConversionError`.
         source_config: (`VanillaEncoderConfig`, head, model_type) -> the transformers config; raises
             `ConversionError` for what the format cannot express.
-        dropped: source key prefix -> why it is left out, beyond the index buffers every format has.
         limitations: appended to the converted model card's parity section.
     """
 
@@ -326,7 +327,7 @@ class EncoderFormat:
     refused: dict
     vanilla_config: object
     source_config: object
-    dropped: dict = field(default_factory=dict)
+    task_modules: tuple = ()
     limitations: str = ""
 
     # ---- names ----
@@ -373,10 +374,10 @@ class EncoderFormat:
         }
         if head != "base":
             dropped[self.prefix + "pooler."] = "a pooler, which transformers' head models do not build or use"
-        for other, spec in self.heads.items():
-            for source_module, _ in spec.table if other != head else ():
-                dropped[source_module + "."] = f"the {other} head, not part of the requested --head {head}"
-        return dropped | self.dropped
+        else:  # the encoder alone: every task head is left out (a head requested by name is converted strictly)
+            modules = [module for spec in self.heads.values() for module, _ in spec.table] + list(self.task_modules)
+            dropped.update({module + ".": "a task head, left out by --head base" for module in modules})
+        return dropped
 
     # ---- source -> vanilla ----
 

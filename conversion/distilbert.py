@@ -113,6 +113,7 @@ FORMAT = EncoderFormat(
                                      "counterpart",
         "ForMultipleChoice": "multiple choice has no vanilla head",
     },
+    task_modules=("pre_classifier", "classifier"),  # the sequence-classification and multiple-choice heads
     vanilla_config=vanilla_config,
     source_config=source_config,
 )

@@ -100,6 +100,7 @@ FORMAT = EncoderFormat(
         "ForMultipleChoice": "multiple choice has no vanilla head",
         "ForCausalLM": "it is a decoder",
     },
+    task_modules=("classifier", "sequence_summary"),  # the sequence-classification and multiple-choice heads
     vanilla_config=vanilla_config,
     source_config=source_config,
 )

@@ -99,6 +99,7 @@ FORMAT = EncoderFormat(
         "ForMultipleChoice": "multiple choice has no vanilla head",
         "ForCausalLM": "it is a decoder",
     },
+    task_modules=("classifier",),  # RobertaClassificationHead: classifier.dense, classifier.out_proj
     vanilla_config=vanilla_config,
     source_config=source_config,
     limitations=LIMITATIONS,
