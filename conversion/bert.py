@@ -183,8 +183,11 @@ def dropped_keys(head: str, tensors: dict) -> dict[str, str]:
         "embeddings.token_type_ids": "a buffer of zeros, recomputed by the model",
         "cls.seq_relationship": "the next-sentence-prediction head, which has no vanilla counterpart",
     }
-    if head != "masked-lm":
-        dropped["cls.predictions"] = f"the masked-LM head, not part of the requested --head {head}"
+    for other, table in HEAD_TABLES.items():
+        for bert, _ in table:
+            module = bert.split(".")[0] + "."  # cls., classifier., qa_outputs.
+            if not any(f"{own}.".startswith(module) for own, _ in HEAD_TABLES[head]):
+                dropped.setdefault(module, f"the {other} head, not part of the requested --head {head}")
     return dropped
 
 
