@@ -128,6 +128,8 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
     encoder_table = bert_stack_table("encoder", config.num_hidden_layers, cross_attention=False)
     decoder_table = bert_stack_table("decoder", config.decoder_layers, cross_attention=True)
     decoder_table.update(expand_table(HEAD_TABLES["masked-lm"], 0))
+    if not tie_word_embeddings:
+        decoder_table["cls.predictions.decoder"] = "lm_head.decoder"  # untied: an output matrix of its own
     mapped, unknown = map_tensors(encoder, encoder_table, encoder_dropped)
     mapped_decoder, unknown_decoder = map_tensors(decoder, decoder_table, decoder_dropped)
     mapped.update(mapped_decoder)
@@ -248,6 +250,12 @@ def special_ids(source_dir: Path, decoder_start_token_id, eos_token_id) -> tuple
     """[CLS] starts the target and [SEP] ends it, as in the published bert2bert models."""
     if decoder_start_token_id is not None and eos_token_id is not None:
         return decoder_start_token_id, eos_token_id
+    if not any((source_dir / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        # Without a vocabulary AutoTokenizer still builds a BERT tokenizer, of five special tokens: wrong ids.
+        raise ConversionError(
+            f"{source_dir} has no tokenizer (tokenizer.json or vocab.txt) to read [CLS] and [SEP] from; pass "
+            f"--decoder-start-token-id and --eos-token-id (101 and 102 for BERT's uncased vocabulary)."
+        )
     try:
         from transformers import AutoTokenizer
 

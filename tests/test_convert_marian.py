@@ -1,0 +1,216 @@
+"""MarianMTModel (OPUS-MT) -> VanillaSeq2SeqForConditionalGeneration, against a small random MarianMTModel saved with
+`save_pretrained`: logits on padded batches, greedy and beam-search `generate()`, the generation config and tokenizer
+files carried over, and the checkpoint variants (saved position tables, unshared embeddings)."""
+
+import json
+from contextlib import redirect_stdout
+from io import StringIO
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+import hf_vanilla  # noqa: F401  (registers the Auto classes)
+from conversion.__main__ import main as cli
+from conversion.common import ConversionError
+from conversion.seq2seq import convert_bert2bert, convert_marian, convert_warm_start, marian_config
+
+LOGITS_TOLERANCE = 5e-5
+VOCAB, PAD, EOS = 320, 319, 0
+# Marian's tokenizer files; MarianTokenizer itself needs sentencepiece, so the tests feed ids and only check that
+# the converter copies these files byte for byte.
+TOKENIZER_FILES = {
+    "source.spm": b"not a real sentencepiece model: copied, never read",
+    "target.spm": b"not a real sentencepiece model either",
+    "vocab.json": json.dumps({f"tok{i}": i for i in range(VOCAB)}).encode(),
+    "tokenizer_config.json": json.dumps({"source_lang": "en", "target_lang": "de"}).encode(),
+}
+
+
+def quiet(function, *args, **kwargs):
+    with redirect_stdout(StringIO()) as printed:
+        result = function(*args, **kwargs)
+    return result, printed.getvalue()
+
+
+def make_marian(directory, seed: int = 0, **overrides):
+    """A small random OPUS-MT-shaped model: scaled embeddings, swish, pad = decoder start, separate encoder and decoder
+    depths, heads and FFN widths, a non-zero final_logits_bias, and OPUS-MT's generation settings."""
+    config = MarianConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=64,
+        scale_embedding=True, activation_function="swish", pad_token_id=PAD, decoder_start_token_id=PAD,
+        eos_token_id=EOS, forced_eos_token_id=EOS, init_std=0.1, **overrides,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(std=0.5)  # zeros would not test where the bias goes
+    generation = model.generation_config
+    generation.bad_words_ids, generation.num_beams, generation.max_length = [[PAD]], 4, 64
+    model.save_pretrained(directory)
+    for name, content in TOKENIZER_FILES.items():
+        (directory / name).write_bytes(content)
+    return directory
+
+
+def batch(seed: int, lengths: list[int], start: int | None = None) -> dict:
+    """Right-padded ids (text ids avoid eos and pad); rows of `lengths` real tokens, eos last unless `start`."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(5, PAD, (len(lengths), width), generator=generator)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    if start is None:
+        ids[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = EOS
+    else:
+        ids[:, 0] = start
+    return {"input_ids": ids.masked_fill(mask == 0, PAD), "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    root = tmp_path_factory.mktemp("marian")
+    source = make_marian(root / "reference")
+    _, printed = quiet(convert_marian, str(source), str(root / "converted"))
+    assert "OK:" in printed and "identical" in printed
+    reference = MarianMTModel.from_pretrained(source, attn_implementation="eager").eval()
+    return source, root / "converted", reference, AutoModelForSeq2SeqLM.from_pretrained(root / "converted").eval()
+
+
+@pytest.mark.parametrize("lengths,target_lengths", [([11, 7, 1], [9, 4, 2]), ([3, 16], [12, 1])])
+def test_logits_match_on_padded_batches(marian, lengths, target_lengths):
+    _, _, reference, ours = marian
+    source, target = batch(0, lengths), batch(1, target_lengths, start=PAD)
+    inputs = {**source, "decoder_input_ids": target["input_ids"], "decoder_attention_mask": target["attention_mask"]}
+    with torch.no_grad():
+        expected, got = reference(**inputs), ours(**inputs)
+    real = target["attention_mask"].bool()
+    assert (expected.logits - got.logits).abs()[real].max().item() <= LOGITS_TOLERANCE
+    real_source = source["attention_mask"].bool()
+    assert (expected.encoder_last_hidden_state - got.encoder_last_hidden_state).abs()[real_source].max() <= 1e-5
+
+
+@pytest.mark.parametrize("options", [{"num_beams": 1}, {}, {"num_beams": 3, "num_return_sequences": 2}],
+                         ids=["greedy", "beam-from-generation-config", "beam-3-return-2"])
+def test_generate_is_identical(marian, options):
+    _, _, reference, ours = marian
+    inputs = batch(2, [10, 6, 3])
+    with torch.no_grad():
+        expected = reference.generate(**inputs, max_new_tokens=15, do_sample=False, **options)
+        got = ours.generate(**inputs, max_new_tokens=15, do_sample=False, **options)
+    assert torch.equal(expected, got)
+    assert (got[:, 0] == PAD).all()  # Marian starts from the pad token
+    assert got.shape[1] > 2
+
+
+def test_generation_config_and_tokenizer_files_are_copied(marian):
+    source, converted, _, ours = marian
+    assert (converted / "generation_config.json").read_bytes() == (source / "generation_config.json").read_bytes()
+    generation = ours.generation_config
+    assert (generation.forced_eos_token_id, generation.bad_words_ids, generation.num_beams) == (EOS, [[PAD]], 4)
+    for name, content in TOKENIZER_FILES.items():
+        assert (converted / name).read_bytes() == content
+
+
+def test_config_mapping(marian):
+    _, converted, _, ours = marian
+    config = json.loads((converted / "config.json").read_text())
+    expected = {
+        "model_type": "vanilla_seq2seq", "position_embedding_type": "sinusoidal", "sinusoidal_layout": "concatenated",
+        "scale_embeddings": True, "embedding_layer_norm": False, "pre_norm": False, "layer_norm_eps": 1e-5,
+        "hidden_act": "swish", "type_vocab_size": 0, "lm_head_transform": False,
+        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "hidden_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+        "decoder_layers": 3, "decoder_attention_heads": 2, "decoder_intermediate_size": 48,
+        "pad_token_id": PAD, "decoder_start_token_id": PAD, "eos_token_id": EOS, "vocab_size": VOCAB,
+    }
+    assert {k: config[k] for k in expected} == expected
+    tensors = load_file(converted / "model.safetensors")
+    assert not any("position" in k for k in tensors)  # recomputed, as in Marian
+    # One embedding matrix for source, target and output, as in Marian.
+    assert ours.lm_head.decoder.weight.data_ptr() == ours.model.encoder.embeddings.word_embeddings.weight.data_ptr()
+    assert ours.model.decoder.embeddings.word_embeddings is ours.model.encoder.embeddings.word_embeddings or (
+        ours.model.decoder.embeddings.word_embeddings.weight.data_ptr()
+        == ours.model.encoder.embeddings.word_embeddings.weight.data_ptr())
+
+
+def test_final_logits_bias_is_the_output_bias(marian):
+    source, _, reference, ours = marian
+    assert torch.equal(ours.lm_head.decoder.bias, reference.final_logits_bias[0])
+    assert reference.final_logits_bias.abs().sum() > 0
+
+
+def test_position_table_is_marians(marian):
+    """Marian's table: float64 sines of every frequency, then cosines, rounded once to float32."""
+    _, _, reference, ours = marian
+    expected = reference.model.encoder.embed_positions.weight
+    for stack in (ours.model.encoder, ours.model.decoder):
+        assert torch.equal(stack.embeddings.position_table, expected)
+
+
+def test_saved_position_tables_are_dropped_or_refused(tmp_path):
+    """Checkpoints saved before `_keys_to_ignore_on_save` hold the sinusoids: dropped when they are Marian's,
+    refused when they are anything else (a sinusoidal model cannot hold a trained table)."""
+    source = make_marian(tmp_path / "with_positions", seed=1)
+    reference = MarianMTModel.from_pretrained(source)
+    tensors = load_file(source / "model.safetensors")
+    for stack in ("encoder", "decoder"):
+        tensors[f"model.{stack}.embed_positions.weight"] = getattr(reference.model, stack).embed_positions.weight
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    _, printed = quiet(convert_marian, str(source), str(tmp_path / "converted"))
+    assert "OK:" in printed
+    tensors["model.decoder.embed_positions.weight"] = tensors["model.decoder.embed_positions.weight"] + 0.01
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match="decoder's saved position table"):
+        quiet(convert_marian, str(source), str(tmp_path / "refused"))
+    assert not (tmp_path / "refused").exists()
+
+
+def test_unshared_embeddings(tmp_path):
+    """share_encoder_decoder_embeddings=False: separate source and target matrices, the output tied to the target."""
+    source = make_marian(tmp_path / "unshared", seed=2, share_encoder_decoder_embeddings=False)
+    _, printed = quiet(convert_marian, str(source), str(tmp_path / "converted"))
+    assert "OK:" in printed
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
+    reference = MarianMTModel.from_pretrained(source).eval()
+    assert not ours.config.share_encoder_decoder_embeddings
+    assert torch.equal(ours.model.encoder.embeddings.word_embeddings.weight, reference.model.encoder.embed_tokens.weight)
+    assert torch.equal(ours.model.decoder.embeddings.word_embeddings.weight, reference.model.decoder.embed_tokens.weight)
+    assert not torch.equal(ours.model.encoder.embeddings.word_embeddings.weight,
+                           ours.model.decoder.embeddings.word_embeddings.weight)
+    inputs = batch(3, [8, 5])
+    with torch.no_grad():
+        expected = reference.generate(**inputs, max_new_tokens=10, num_beams=2)
+        got = ours.generate(**inputs, max_new_tokens=10, num_beams=2)
+    assert torch.equal(expected, got)
+
+
+def test_round_trip_save_load(marian, tmp_path):
+    _, _, _, ours = marian
+    ours.save_pretrained(tmp_path / "again")
+    again = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "again").eval()
+    inputs = {**batch(4, [7, 3]), "decoder_input_ids": batch(5, [4, 4], start=PAD)["input_ids"]}
+    with torch.no_grad():
+        assert torch.equal(ours(**inputs).logits, again(**inputs).logits)
+    assert torch.equal(again.model.decoder.embeddings.position_table, ours.model.decoder.embeddings.position_table)
+
+
+def test_refuses_other_sources(marian, tmp_path, minilm_path, capsys):
+    source, _, _, _ = marian
+    with pytest.raises(ConversionError, match="holds a 'bert' model, but the 'marian' converter"):
+        convert_marian(str(minilm_path), str(tmp_path / "a"))
+    with pytest.raises(ConversionError, match="holds a 'marian' model"):
+        convert_bert2bert(str(source), str(tmp_path / "b"))
+    with pytest.raises(ConversionError, match="holds a 'marian' model"):
+        convert_warm_start(str(source), str(tmp_path / "c"))
+    assert cli(["marian", "--source", str(minilm_path), "--output", str(tmp_path / "d")]) == 2
+    assert "'bert'" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+def test_refuses_what_the_model_cannot_hold():
+    with pytest.raises(ConversionError, match="even"):  # sinusoids pair a sine with a cosine
+        marian_config({"d_model": 33, "encoder_attention_heads": 3, "decoder_attention_heads": 3})
+    with pytest.raises(ConversionError, match="vocabularies of different sizes"):
+        marian_config({"vocab_size": 100, "decoder_vocab_size": 90, "share_encoder_decoder_embeddings": False})
