@@ -523,7 +523,7 @@ class VanillaStack(nn.Module):
                 continue
             _check_integer(name, ids)
             rows = 1 if ids.dim() == 1 else ids.shape[0]
-            if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (1, shape[0]):
+            if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (shape[0], 1):
                 raise ValueError(
                     f"{name} has shape {tuple(ids.shape)} but {ids_name} has shape {shape}: pass one id per token, "
                     f"as {shape} (or (1, {shape[1]}) shared by every row)."
