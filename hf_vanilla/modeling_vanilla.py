@@ -15,7 +15,8 @@ Shape key, used in every comment:
 
 Masks: callers pass Hugging Face's `attention_mask` (B, S) of 1 = token, 0 = padding. It is converted once, at the
 stack's boundary, into an additive mask (B, 1, 1|T, S) of 0 (attend) and the dtype's minimum (do not attend), the
-one convention used inside. A row that is all padding then attends uniformly instead of producing NaN.
+one convention used inside. A query with no key to attend to (a row that is all padding) attends to every key
+instead of producing NaN (see `additive_mask`).
 
 Where BERT departs from the paper (GELU, learned positions, segment embeddings, LayerNorm on the embeddings,
 epsilon 1e-12, a pooler), the config switches it; the comments say why.
