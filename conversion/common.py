@@ -137,19 +137,25 @@ def map_tensors(source: dict, modules: dict[str, str], dropped: dict[str, str]) 
     return mapped, unknown
 
 
-def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: list[str]):
+def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: list[str], source_name=None):
     """Build `model_class(config)` on the meta device and give it `tensors` without copying them.
 
     Strict: unknown source keys, missing target tensors (other than tied ones) and shape mismatches are all
-    errors listing the offending keys."""
+    errors listing the offending keys. `source_name` (target key -> the source key it is read from, or None), when
+    given, names the source tensor next to each target key in those messages."""
     with torch.device("meta"):
         model = model_class(config)
     tied = set(model.get_expanded_tied_weights_keys(all_submodels=True))
     expected = {k: v.shape for k, v in model.state_dict().items()}
-    missing = sorted(k for k in expected if k not in tensors and k not in tied)
+
+    def named(key):
+        source = source_name(key) if source_name is not None else None
+        return f"{key} (from {source})" if source else key
+
+    missing = [named(k) for k in sorted(expected) if k not in tensors and k not in tied]
     unexpected = sorted(k for k in tensors if k not in expected)
     wrong_shape = [
-        f"{k}: source {tuple(t.shape)} vs target {tuple(expected[k])}"
+        f"{named(k)}: source {tuple(t.shape)} vs target {tuple(expected[k])}"
         for k, t in tensors.items() if k in expected and t.shape != expected[k]
     ]
     problems = []
@@ -302,7 +308,7 @@ class EncoderFormat:
 
     Args:
         name: the sub-command ("roberta"); the reverse one is "to-" + name.
-        title: how the format is called in messages ("RoBERTa / XLM-R").
+        title: how the format is called in messages ("RoBERTa").
         class_prefixes: source `model_type` -> transformers class-name prefix ({"xlm-roberta": "XLMRoberta"});
             the first is what the reverse conversion writes by default.
         prefix: where the source's head models keep the encoder ("roberta.").

@@ -234,6 +234,7 @@ def test_roberta_positions_follow_the_padding_index(converted):
         explicit = ours(**batch, position_ids=positions).last_hidden_state
     assert (implicit - expected).abs()[mask].max() > 1e-3  # the limitation is real: shifted rows differ
     assert (explicit - expected).abs()[mask].max() <= 1e-5
+    assert "pass `position_ids` explicitly" in (vanilla_dir / "README.md").read_text()  # and the model card says so
 
 
 # ---- fill-mask ------------------------------------------------------------------------------------------------
