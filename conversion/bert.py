@@ -194,7 +194,9 @@ def dropped_keys(head: str, tensors: dict) -> dict[str, str]:
 def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     """In-memory conversion: BERT tensors and config.json dict -> a VanillaEncoder* model (no copy of weights)."""
     config = vanilla_config(bert_config)
-    tensors = normalise_keys(tensors, head)
+    normalised = normalise_keys(tensors, head)
+    checkpoint_names = dict(zip(normalised, tensors))  # for messages: the names the user's checkpoint has
+    tensors = normalised
     if head == "masked-lm":
         _check_tied_decoder(tensors)
     if "pooler.dense.weight" not in tensors and head != "sequence-classification":
@@ -202,10 +204,27 @@ def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
         # never build a pooler: ours gets none either. (Sequence classification reads the pooler, so a checkpoint
         # without one is reported as missing it.)
         config.use_pooler = False
-    mapped, unknown = map_tensors(tensors, key_table(config, head), dropped_keys(head, tensors))
-    model = build_model(HEADS[head].ours, config, mapped, unknown)
+    table = key_table(config, head)
+    mapped, unknown = map_tensors(tensors, table, dropped_keys(head, tensors))
+    unknown = [checkpoint_names.get(key, key) for key in unknown]
+    model = build_model(HEADS[head].ours, config, mapped, unknown, source_namer(table, checkpoint_names))
     model.config.architectures = [HEADS[head].ours.__name__]
     return model
+
+
+def source_namer(table: dict[str, str], checkpoint_names: dict[str, str] | None = None):
+    """For error messages: target key -> the source key it is read from (through `table`, source module ->
+    target module), as the checkpoint spells it when `checkpoint_names` knows it."""
+    inverse = {target: source for source, target in table.items()}
+
+    def source_name(key: str) -> str | None:
+        module, _, leaf = key.rpartition(".")
+        if module not in inverse:
+            return None
+        name = f"{inverse[module]}.{leaf}"
+        return (checkpoint_names or {}).get(name, name)
+
+    return source_name
 
 
 def _check_tied_decoder(tensors: dict) -> None:
@@ -330,7 +349,7 @@ def vanilla_to_bert(tensors: dict, config: VanillaEncoderConfig, head: str):
         dropped["model.pooler."] = f"{HEADS[head].bert} has no pooler"
         print(f"Note: the pooler is dropped: {HEADS[head].bert} has none (a BertModel would keep it).")
     mapped, unknown = map_tensors(tensors, table, dropped)
-    return build_model(bert_class, bert_config, mapped, unknown)
+    return build_model(bert_class, bert_config, mapped, unknown, source_namer(table))
 
 
 def vanilla_head(config: VanillaEncoderConfig, source_dir: Path) -> str:

@@ -1,0 +1,307 @@
+"""Bad configs and bad checkpoints fail clearly (issue 2).
+
+Every conversion error is a message on stderr and exit status 2 from the command line, and leaves no output
+behind: no output directory, no `.OUT.partial-*` staging directory, and an existing output untouched.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model
+
+import conversion.bert
+from conversion.__main__ import main
+from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+
+# ---- config validation ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"hidden_size": 30, "num_attention_heads": 4}, r"hidden_size \(30\) must be divisible by num_attention_heads \(4\)"),
+        ({"hidden_size": 0}, "hidden_size must be a positive integer, got 0"),
+        ({"num_hidden_layers": -1}, "num_hidden_layers must be a positive integer, got -1"),
+        ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+        ({"intermediate_size": 0}, "intermediate_size must be a positive integer, got 0"),
+        ({"vocab_size": -5}, "vocab_size must be a positive integer, got -5"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive integer"),
+        ({"hidden_act": "gelu_fancy"}, r"Unknown hidden_act 'gelu_fancy'; choose one of \[.*'gelu'.*'relu'"),
+        ({"position_embedding_type": "rotary"}, r"Unknown position_embedding_type 'rotary'; choose one of .*learned"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be > 0"),
+        ({"hidden_dropout_prob": 1.5}, r"hidden_dropout_prob must be in \[0, 1\)"),
+    ],
+)
+def test_invalid_encoder_config(fields, message):
+    with pytest.raises(ValueError, match=message):
+        VanillaEncoderConfig(**fields)
+
+
+def test_invalid_seq2seq_config():
+    with pytest.raises(ValueError, match=r"hidden_size \(512\) must be divisible by decoder_attention_heads \(7\)"):
+        VanillaSeq2SeqConfig(decoder_attention_heads=7)
+    with pytest.raises(ValueError, match="decoder_layers must be a positive integer, got 0"):
+        VanillaSeq2SeqConfig(decoder_layers=0)
+
+
+def test_valid_config_suggests_head_counts():
+    with pytest.raises(ValueError, match=r"Try num_attention_heads in \[1, 2, 3, 5, 6, 10, 15, 30\]"):
+        VanillaEncoderConfig(hidden_size=30, num_attention_heads=4)
+
+
+# ---- conversion errors ------------------------------------------------------------------------------------------
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny") / "bert"
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(**TINY)).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def source(tiny_bert_dir, tmp_path):
+    """A private copy of the tiny BERT, for a test to damage."""
+    return shutil.copytree(tiny_bert_dir, tmp_path / "source")
+
+
+def edit_config(directory, **fields):
+    path = directory / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
+
+
+def edit_tensors(directory, edit):
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def leftovers(output):
+    return sorted(p.name for p in output.parent.glob(f".{output.name}.*"))
+
+
+def assert_refused(capsys, output, message, *argv):
+    """The CLI exits with 2, prints `message` (a regex) on stderr, creates no output and leaves no staging
+    directory. Returns what it printed."""
+    existed = output.exists()
+    status = main([str(a) for a in argv])
+    printed = capsys.readouterr()
+    assert status == 2, printed.err
+    error = printed.err[printed.err.find("error: "):]  # after any progress bars
+    assert printed.err.count("error: ") == 1 and re.search(message, error), printed.err
+    assert output.exists() == existed
+    assert leftovers(output) == []
+    return printed
+
+
+def test_unknown_source(tmp_path, capsys):
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"'no-such-org/no-such-bert' is not a local directory and could not be fetched",
+                   "bert", "--source", "no-such-org/no-such-bert", "--output", output)
+    assert_refused(capsys, output, "is not a local directory", "bert", "--source", tmp_path / "missing", "--output",
+                   output)
+
+
+def test_source_is_a_file_or_not_a_checkpoint(tmp_path, source, capsys):
+    output = tmp_path / "out"
+    assert_refused(capsys, output, "is a file; pass the checkpoint's directory",
+                   "bert", "--source", source / "config.json", "--output", output)
+    (source / "config.json").unlink()
+    assert_refused(capsys, output, "has no config.json", "bert", "--source", source, "--output", output)
+
+
+def test_no_weights(tmp_path, source, capsys):
+    (source / "model.safetensors").unlink()
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"has no weights \(model.safetensors.*found \['config.json'",
+                   "bert", "--source", source, "--output", output)
+
+
+def test_missing_tensor(tmp_path, source, capsys):
+    edit_tensors(source, lambda t: t.pop("bert.encoder.layer.1.attention.self.key.weight"))
+    output = tmp_path / "out"
+    assert_refused(capsys, output,
+                   r"target tensors the source does not fill: \['model.encoder.layers.1.self_attn.k_proj.weight "
+                   r"\(from encoder.layer.1.attention.self.key.weight\)'\]",
+                   "bert", "--source", source, "--output", output)
+
+
+def test_unexpected_tensor(tmp_path, source, capsys):
+    edit_tensors(source, lambda t: t.update({"bert.encoder.layer.0.adapter.weight": torch.zeros(2)}))
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source tensors with no mapping: \['bert.encoder.layer.0.adapter.weight'\]",
+                   "bert", "--source", source, "--output", output)
+
+
+def test_wrong_shape(tmp_path, source, capsys):
+    edit_config(source, intermediate_size=40)
+    output = tmp_path / "out"
+    printed = assert_refused(capsys, output, r"shape mismatches: .*'model.encoder.layers.0.ffn.up_proj.weight \(from "
+                                             r"bert.encoder.layer.0.intermediate.dense.weight\): source \(37, 32\) vs "
+                                             r"target \(40, 32\)'", "bert", "--source", source, "--output", output)
+    assert "layers.1.ffn.down_proj.weight" in printed.err  # every mismatch is listed, not just the first
+
+
+def test_config_no_model_can_be_built_from(tmp_path, source, capsys):
+    edit_config(source, hidden_size=30)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"config.json describes no valid encoder: hidden_size \(30\) must be divisible",
+                   "bert", "--source", source, "--output", output)
+
+
+def test_relative_positions_refused(tmp_path, source, capsys):
+    edit_config(source, position_embedding_type="relative_key")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, "position_embedding_type='relative_key' .* has no vanilla equivalent",
+                   "bert", "--source", source, "--output", output)
+
+
+def test_untied_decoder_refused(tmp_path, source, capsys):
+    edit_tensors(source, lambda t: t.update({"cls.predictions.decoder.weight": torch.randn(99, 32)}))
+    output = tmp_path / "out"
+    assert_refused(capsys, output, "differs from the word embeddings .*--head base",
+                   "bert", "--source", source, "--output", output)
+
+
+@pytest.mark.parametrize(
+    ("model", "model_type"),
+    [
+        (lambda: GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)), "gpt2"),
+        (lambda: DistilBertModel(DistilBertConfig(dim=16, n_layers=1, n_heads=2, hidden_dim=32, vocab_size=50)),
+         "distilbert"),
+    ],
+)
+def test_not_a_bert(tmp_path, capsys, model, model_type):
+    model().save_pretrained(tmp_path / "source")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, f"holds a '{model_type}' model, but the 'bert' converter reads 'bert'. "
+                                   f"Pick the converter for '{model_type}'",
+                   "bert", "--source", tmp_path / "source", "--output", output)
+
+
+def test_nan_weights(tmp_path, source, capsys):
+    def poison(tensors):
+        tensors["bert.encoder.layer.0.output.dense.weight"][3, 5] = float("nan")
+
+    edit_tensors(source, poison)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"NaN or Inf in 1 tensors: \['bert.encoder.layer.0.output.dense.weight'\]",
+                   "bert", "--source", source, "--output", output)
+
+
+class RunsCodeWhenUnpickled:
+    """What a malicious pickle does: unpickling calls os.mkdir(path)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.path),)
+
+
+def test_pickle_with_code_refused_unopened(tmp_path, source, capsys):
+    tensors = load_file(source / "model.safetensors")
+    (source / "model.safetensors").unlink()
+    evidence = tmp_path / "the-pickle-ran"
+    torch.save(tensors | {"extra": RunsCodeWhenUnpickled(evidence)}, source / "pytorch_model.bin")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"Refused to load .*pytorch_model.bin: it is a pickle holding more than tensors",
+                   "bert", "--source", source, "--output", output)
+    assert not evidence.exists()
+
+
+def test_pickle_of_tensors_converts(tmp_path, source, capsys):
+    tensors = load_file(source / "model.safetensors")
+    (source / "model.safetensors").unlink()
+    torch.save(tensors, source / "pytorch_model.bin")
+    assert main(["bert", "--source", str(source), "--output", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_parity_failure_writes_nothing(tmp_path, source, capsys, monkeypatch):
+    """The converter's own check catches a wrong conversion (here, one weight perturbed after mapping)."""
+    convert = conversion.bert.bert_to_vanilla
+
+    def wrong(*args):
+        model = convert(*args)
+        with torch.no_grad():
+            model.model.encoder.layers[1].ffn.down_proj.bias[0] += 1e-3
+        return model
+
+    monkeypatch.setattr(conversion.bert, "bert_to_vanilla", wrong)
+    output = tmp_path / "out"
+    printed = assert_refused(capsys, output, "Parity check failed: .*Nothing was written",
+                             "bert", "--source", source, "--output", output)
+    assert re.search(r"layer 1: max \|diff\| = \S+\n", printed.out)  # the first layer still matches
+    assert re.search(r"layer 2: max \|diff\| = \S+  > tolerance", printed.out)  # the report points at layer 2
+
+
+# ---- the output directory ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def existing_output(tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "marker.txt").write_text("a previous conversion")
+    return output
+
+
+def test_existing_output_refused_without_force(source, existing_output, capsys):
+    assert_refused(capsys, existing_output, "already exists; pass --force to replace it",
+                   "bert", "--source", source, "--output", existing_output)
+    assert sorted(p.name for p in existing_output.iterdir()) == ["marker.txt"]
+    assert (existing_output / "marker.txt").read_text() == "a previous conversion"
+
+
+def test_force_keeps_the_old_output_when_conversion_fails(source, existing_output, capsys):
+    edit_tensors(source, lambda t: t.pop("cls.predictions.transform.dense.weight"))
+    assert_refused(capsys, existing_output, "does not fit the target model",
+                   "bert", "--source", source, "--output", existing_output, "--force")
+    assert sorted(p.name for p in existing_output.iterdir()) == ["marker.txt"]
+    assert (existing_output / "marker.txt").read_text() == "a previous conversion"
+
+
+def test_force_keeps_the_old_output_when_interrupted(source, existing_output, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(conversion.bert, "save_checkpoint", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["bert", "--source", str(source), "--output", str(existing_output), "--force", "--no-verify"])
+    assert sorted(p.name for p in existing_output.iterdir()) == ["marker.txt"]
+    assert leftovers(existing_output) == []
+
+
+def test_force_replaces_after_success(source, existing_output):
+    assert main(["bert", "--source", str(source), "--output", str(existing_output), "--force"]) == 0
+    assert not (existing_output / "marker.txt").exists()
+    assert (existing_output / "model.safetensors").is_file() and (existing_output / "config.json").is_file()
+    assert leftovers(existing_output) == []  # no staging and no retired copy left behind
+
+
+# ---- the real command line --------------------------------------------------------------------------------------
+
+
+def test_cli_exit_status_and_stderr(tmp_path, source):
+    edit_config(source, model_type="gpt2")
+    result = subprocess.run(
+        [sys.executable, "-m", "conversion", "bert", "--source", str(source), "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2
+    assert "error: " in result.stderr and "holds a 'gpt2' model" in result.stderr
+    assert "Traceback" not in result.stderr and "Wrote" not in result.stdout
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path / "out") == []
