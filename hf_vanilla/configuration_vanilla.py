@@ -33,7 +33,8 @@ class _VanillaConfig(PretrainedConfig):
         hidden_dropout_prob: dropout on embeddings and on every sub-layer output before the residual add.
         attention_probs_dropout_prob: dropout on the attention weights.
         max_position_embeddings: length of the position table.
-        type_vocab_size: number of segment (token type) ids; 0 means no segment embeddings.
+        type_vocab_size: number of segment (token type) ids; 0 means no segment embeddings (DistilBERT). RoBERTa has
+            1: every token adds the same segment vector.
         layer_norm_eps: LayerNorm epsilon.
         initializer_range: standard deviation of the normal initialisation.
         position_embedding_type: "learned" (BERT) or "sinusoidal" (the paper, section 3.5).
@@ -141,7 +142,7 @@ class VanillaEncoderConfig(_VanillaConfig):
     """A BERT-compatible encoder. The defaults are bert-base-uncased.
 
     Args (beyond `_VanillaConfig`):
-        use_pooler: build BERT's pooler (tanh(W h_[CLS] + b)); DistilBERT checkpoints have none.
+        use_pooler: build BERT's pooler (tanh(W h_[CLS] + b)); DistilBERT and ELECTRA checkpoints have none.
         classifier_dropout: dropout before classification heads; `None` means `hidden_dropout_prob`.
     """
 
