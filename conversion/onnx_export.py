@@ -33,6 +33,9 @@ rest for short outputs), and buys one graph for every step, the first included (
 first-step graph and no control flow. `examples/onnx_greedy_decode.py` drives the pair.
 """
 
+import logging
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -151,15 +154,32 @@ def sample_inputs(config, input_names: list[str], batch_size: int, length: int, 
     return {name: batch[name] for name in input_names}
 
 
+@contextmanager
+def _quiet_exporter():
+    """Silence the exporter's notes that say nothing about this model: torchvision ops it skips, and one rename
+    warning per input that shares a `Dim` with another (sharing is the point: every input has the same batch)."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used")
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_encoder(model, path: Path, input_names: list[str], output_names: tuple[str, ...]) -> None:
     """A `VanillaEncoder*` model (or an encoder stack) -> one ONNX graph, dynamic in batch and sequence."""
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     example = sample_inputs(model.config, input_names, batch_size=2, length=16, seed=1)
-    program = torch.onnx.export(
-        EncoderGraph(model, output_names).eval(), (), kwargs=example, dynamo=True,
-        input_names=input_names, output_names=list(output_names),
-        dynamic_shapes={name: {0: batch, 1: sequence} for name in input_names}, verbose=False,
-    )
+    with _quiet_exporter():
+        program = torch.onnx.export(
+            EncoderGraph(model, output_names).eval(), (), kwargs=example, dynamo=True,
+            input_names=input_names, output_names=list(output_names),
+            dynamic_shapes={name: {0: batch, 1: sequence} for name in input_names}, verbose=False,
+        )
     program.save(str(path))
 
 
@@ -179,12 +199,13 @@ def export_decoder_step(model, path: Path) -> None:
     )
     dynamic_shapes = ({0: batch}, {0: batch, 1: source}, {0: batch, 1: source},
                       tuple({0: batch, 2: past} for _ in range(2 * layers)))
-    program = torch.onnx.export(
-        DecoderStepGraph(model).eval(), example, dynamo=True,
-        input_names=["input_ids", "encoder_hidden_states", "encoder_attention_mask", *past_names(layers)],
-        output_names=["logits", *past_names(layers, "present")],
-        dynamic_shapes=dynamic_shapes, verbose=False,
-    )
+    with _quiet_exporter():
+        program = torch.onnx.export(
+            DecoderStepGraph(model).eval(), example, dynamo=True,
+            input_names=["input_ids", "encoder_hidden_states", "encoder_attention_mask", *past_names(layers)],
+            output_names=["logits", *past_names(layers, "present")],
+            dynamic_shapes=dynamic_shapes, verbose=False,
+        )
     program.save(str(path))
 
 
@@ -282,15 +303,23 @@ def load_model(source_dir: Path, task: str):
 
 
 def task_for(config: dict, requested: str, source_dir: Path) -> str:
-    if requested != "auto":
-        expected = ("vanilla_seq2seq",) if requested == "seq2seq" else ("vanilla_encoder",)
-        require_model_type(config, expected, f"onnx --task {requested}", source_dir)
-        return requested
+    """The checkpoint's own task (from `architectures`), or `requested`: that one, or feature-extraction (the
+    encoder under any head). Another head would reuse the wrong weights (a sequence classifier's `classifier`
+    loads into a token classifier without complaint) or random ones."""
     require_model_type(config, ("vanilla_encoder", "vanilla_seq2seq"), "onnx", source_dir)
     architecture = (config.get("architectures") or ["?"])[0]
-    if architecture not in ARCHITECTURE_TASKS:
-        raise ConversionError(f"No ONNX task matches the architecture {architecture!r}; pass --task.")
-    return ARCHITECTURE_TASKS[architecture]
+    own = ARCHITECTURE_TASKS.get(architecture)
+    if requested == "auto":
+        if own is None:
+            raise ConversionError(f"No ONNX task matches the architecture {architecture!r}; pass --task.")
+        return own
+    allowed = {own, "feature-extraction"} if config["model_type"] == "vanilla_encoder" else {"seq2seq"}
+    if requested not in allowed:
+        raise ConversionError(
+            f"{source_dir} holds a {architecture}, which has no {requested!r} head; export it as "
+            f"{' or '.join(sorted(t for t in allowed if t))}."
+        )
+    return requested
 
 
 def convert(source: str, output: str, task: str = "auto", force: bool = False, tolerance: float = TOLERANCE) -> Path:

@@ -66,14 +66,16 @@ def greedy_decode(encoder, decoder, inputs: dict, *, decoder_start_token_id: int
 
 
 def random_model(seed: int = 0):
-    """A small randomly initialised encoder-decoder: enough to show that both sides pick the same tokens. Weights
-    drawn wider than the usual 0.02 make the output depend on the source (near zero, every row says the same)."""
+    """A small randomly initialised encoder-decoder: enough to show that both sides pick the same tokens.
+
+    With the usual small weights and a tied output projection, a random model repeats one token forever; wide
+    weights, an untied projection and pre-LN make its output vary with the source and from step to step."""
     from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
     torch.manual_seed(seed)
     config = VanillaSeq2SeqConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=128, decoder_layers=2, max_position_embeddings=128,
-                                  initializer_range=0.3)
+                                  initializer_range=0.5, tie_word_embeddings=False, pre_norm=True)
     return VanillaSeq2SeqForConditionalGeneration(config).eval()
 
 
