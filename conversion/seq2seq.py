@@ -211,7 +211,7 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
             if not ok:
                 raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
             print(f"  OK: {parity}")
-        save_seq2seq(model, staging, source_dir, dtype)
+        save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer")
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder-decoder", source,
                          command or f"python -m conversion bert2bert --source {source} --output {output}", parity)
     return Path(output)
@@ -329,7 +329,7 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
             if not ok:
                 raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
             print(f"  OK: {parity}")
-        save_seq2seq(model, staging, source_dir, dtype, copy_generation_config=False)
+        save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer", copy_generation_config=False)
         write_model_card(staging, f"bert2bert warm-started from {Path(source).name}", source,
                          command or f"python -m conversion warm-start --source {source} --output {output}",
                          parity + "\n\nCross-attention is freshly initialised: fine-tune before use.")
@@ -528,7 +528,7 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
             if not ok:
                 raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
             print(f"  OK: {parity}")
-        save_seq2seq(model, staging, source_dir, dtype)
+        save_seq2seq(model, staging, source_dir, dtype, "MarianTokenizer")
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder-decoder", source,
                          command or f"python -m conversion marian --source {source} --output {output}", parity)
     return Path(output)
@@ -548,15 +548,24 @@ def set_generation_config(model, source_dir: Path | None, ids: dict) -> None:
         model.generation_config = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
 
 
-def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, copy_generation_config: bool = True) -> None:
+def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, tokenizer_class: str,
+                 copy_generation_config: bool = True) -> None:
     """Our checkpoint, the source's tokenizer files, and its generation_config.json copied byte for byte.
 
     Sentence-transformers files are left behind: they describe an embedding model (pooling, normalisation), which an
-    encoder-decoder is not."""
+    encoder-decoder is not. The tokenizer config names its class when the source's did not: AutoTokenizer found it
+    through the source's model_type, which the converted config no longer has (OPUS-MT's tokenizer_config.json
+    holds only the languages, and Marian has no tokenizer.json to fall back on)."""
     save_checkpoint(model, directory, None, dtype)
-    for name in TOKENIZER_FILES:
-        if (source_dir / name).is_file():
-            shutil.copy2(source_dir / name, directory / name)
+    copied = [name for name in TOKENIZER_FILES if (source_dir / name).is_file()]
+    for name in copied:
+        shutil.copy2(source_dir / name, directory / name)
+    if copied:
+        path = directory / "tokenizer_config.json"
+        tokenizer_config = json.loads(path.read_text()) if path.is_file() else {}
+        if "tokenizer_class" not in tokenizer_config:
+            tokenizer_config["tokenizer_class"] = tokenizer_class
+            path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     if copy_generation_config and (source_dir / "generation_config.json").is_file():
         shutil.copy2(source_dir / "generation_config.json", directory / "generation_config.json")
 
