@@ -43,7 +43,11 @@ def resolve_source(source: str) -> Path:
         from huggingface_hub import snapshot_download
 
         patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.spm", "1_Pooling/*", "2_Normalize/*"]
-        return Path(snapshot_download(source, allow_patterns=patterns))
+        directory = Path(snapshot_download(source, allow_patterns=patterns))
+        if not any(directory.glob("*.safetensors")):
+            # Older checkpoints (many OPUS-MT models) hold only a pickle; load_tensors reads it with weights_only=True.
+            directory = Path(snapshot_download(source, allow_patterns=patterns + ["pytorch_model*.bin"]))
+        return directory
     except Exception as error:  # offline, unknown id, gated repo: all end the same way for the user
         raise ConversionError(
             f"--source {source!r} is not a local directory and could not be fetched from the Hugging Face Hub "
