@@ -491,9 +491,10 @@ def check_position_tables(tensors: dict, config: VanillaSeq2SeqConfig) -> None:
             continue
         table = sinusoidal_position_table(saved.shape[0], saved.shape[1], config.sinusoidal_layout)
         diff = (saved.float() - table).abs().max().item()
-        if diff > 1e-6:
+        if diff > 1e-5:  # rounding aside: what the logits comparison would then catch
             raise ConversionError(f"The {stack}'s saved position table is not Marian's sinusoids (max |diff| "
                                   f"{diff:.2e}); the vanilla model cannot hold a trained table with sinusoidal positions.")
+        print(f"Dropped the {stack}'s saved position table: it is the sinusoids ours recomputes (max |diff| {diff:.1e}).")
 
 
 def marian_to_vanilla(tensors: dict, marian: dict):
