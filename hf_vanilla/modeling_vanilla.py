@@ -608,6 +608,10 @@ class VanillaPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"]
+    # Our losses are per-batch means and ignore `num_items_in_batch`. Without this, Trainer sees `**kwargs` in
+    # forward, assumes the loss is already normalised for gradient accumulation and skips dividing by the number of
+    # accumulated steps: every update (and logged loss) would be that many times too large.
+    accepts_loss_kwargs = False
 
     @torch.no_grad()
     def _init_weights(self, module):
