@@ -85,7 +85,8 @@ def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eo
     for field in SHARED_BY_STACKS:
         if getattr(enc, field) != getattr(dec, field):
             raise ConversionError(
-                f"The encoder and decoder BERTs differ in {field} ({getattr(enc, field)!r} vs {getattr(dec, field)!r}); "
+                f"The encoder and decoder BERTs differ in {field} "
+                f"({getattr(enc, field)!r} vs {getattr(dec, field)!r}); "
                 f"the vanilla encoder-decoder shares it between its stacks (a different hidden_size would also need "
                 f"transformers' enc_to_dec_proj, which it does not have)."
             )
@@ -118,7 +119,13 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
                              "masked-lm")
     others = [k for k in tensors if not k.startswith(("encoder.", "decoder."))]
     if tie_word_embeddings:
-        _check_tied_decoder(decoder)  # drops the decoder weight (it is the embedding matrix) after checking it is
+        try:
+            _check_tied_decoder(decoder)  # checks the output weight is the decoder's embedding matrix, then drops it
+        except ConversionError:
+            raise ConversionError(
+                "The decoder's output weights differ from its word embeddings, although its config ties them "
+                "(tie_word_embeddings); set tie_word_embeddings to false in the source's decoder config to keep both."
+            ) from None
     elif "cls.predictions.bias" in decoder:
         decoder.pop("cls.predictions.decoder.bias", None)  # the same bias, stored twice
     encoder_dropped = dropped_keys("base", encoder) | {
@@ -238,7 +245,8 @@ def fresh_lm_head(hidden_size: int, vocab_size: int, std: float, generator) -> d
     """BERT's MLM head, new: the transform initialised as above, the output bias zero (its weight is the tied
     embedding matrix)."""
     return {
-        "decoder.cls.predictions.transform.dense.weight": torch.randn(hidden_size, hidden_size, generator=generator) * std,
+        "decoder.cls.predictions.transform.dense.weight":
+            torch.randn(hidden_size, hidden_size, generator=generator) * std,
         "decoder.cls.predictions.transform.dense.bias": torch.zeros(hidden_size),
         "decoder.cls.predictions.transform.LayerNorm.weight": torch.ones(hidden_size),
         "decoder.cls.predictions.transform.LayerNorm.bias": torch.zeros(hidden_size),
@@ -364,7 +372,8 @@ def verify_warm_start(source_dir: Path, model, tensors: dict, encoder_config: di
         raise ConversionError(f"Internal error: the reference bert2bert lacks {missing}.")
     reference.set_attn_implementation("eager")
     ok, summary = verify_seq2seq(reference.eval(), model, with_token_types=True, generation=False)
-    return encoder_ok and ok, f"encoder hidden states max |diff| {max(diffs):.2e} (tolerance {ENCODER_TOLERANCE:g}); {summary}"
+    encoder = f"encoder hidden states max |diff| {max(diffs):.2e} (tolerance {ENCODER_TOLERANCE:g})"
+    return encoder_ok and ok, f"{encoder}; {summary}"
 
 
 # ---- Marian -----------------------------------------------------------------------------------------------------
@@ -493,8 +502,10 @@ def check_position_tables(tensors: dict, config: VanillaSeq2SeqConfig) -> None:
         diff = (saved.float() - table).abs().max().item()
         if diff > 1e-5:  # rounding aside: what the logits comparison would then catch
             raise ConversionError(f"The {stack}'s saved position table is not Marian's sinusoids (max |diff| "
-                                  f"{diff:.2e}); the vanilla model cannot hold a trained table with sinusoidal positions.")
-        print(f"Dropped the {stack}'s saved position table: it is the sinusoids ours recomputes (max |diff| {diff:.1e}).")
+                                  f"{diff:.2e}); the vanilla model cannot hold a trained table with sinusoidal "
+                                  f"positions.")
+        print(f"Dropped the {stack}'s saved position table: it is the sinusoids ours recomputes "
+              f"(max |diff| {diff:.1e}).")
 
 
 def marian_to_vanilla(tensors: dict, marian: dict):

@@ -145,7 +145,8 @@ def test_bert2bert_config_and_files(bert2bert):
     }
     assert {k: config[k] for k in expected} == expected
     generation = json.loads((converted / "generation_config.json").read_text())
-    assert (generation["decoder_start_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (101, 102, 0)
+    special = ("decoder_start_token_id", "eos_token_id", "pad_token_id")
+    assert tuple(generation[k] for k in special) == (101, 102, 0)
     for name in TOKENIZER_FILES:
         assert (converted / name).read_bytes() == (source / name).read_bytes()
     tensors = load_file(converted / "model.safetensors")
@@ -237,7 +238,8 @@ def test_warm_start_decoder_holds_its_own_copy_of_bert(warm_model, minilm_path):
         assert torch.equal(encoder, bert[bert_key]) and torch.equal(decoder, bert[bert_key])
         assert encoder.data_ptr() != decoder.data_ptr()  # copies, not shared storage
     # Cross-attention is new: N(0, 0.02) weights, zero biases, unit LayerNorm, different in every layer.
-    q0, q1 = state["model.decoder.layers.0.cross_attn.q_proj.weight"], state["model.decoder.layers.1.cross_attn.q_proj.weight"]
+    q0 = state["model.decoder.layers.0.cross_attn.q_proj.weight"]
+    q1 = state["model.decoder.layers.1.cross_attn.q_proj.weight"]
     assert abs(q0.std().item() - 0.02) < 0.002 and not torch.equal(q0, q1)
     assert not state["model.decoder.layers.0.cross_attn.o_proj.bias"].any()
     assert torch.equal(state["model.decoder.layers.0.cross_attn_norm.weight"], torch.ones(384))
@@ -251,7 +253,8 @@ def test_warm_start_config_generation_and_files(warm_started, warm_model, minilm
     assert (config["decoder_start_token_id"], config["eos_token_id"], config["pad_token_id"]) == (101, 102, 0)
     assert config["share_encoder_decoder_embeddings"] is False and config["lm_head_transform"] is True
     generation = json.loads((warm_started / "generation_config.json").read_text())
-    assert (generation["decoder_start_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (101, 102, 0)
+    special = ("decoder_start_token_id", "eos_token_id", "pad_token_id")
+    assert tuple(generation[k] for k in special) == (101, 102, 0)
     assert (warm_started / "vocab.txt").is_file()
     # An encoder-decoder is not a sentence embedder: sentence-transformers' files stay behind.
     assert not (warm_started / "modules.json").exists() and not (warm_started / "1_Pooling").exists()
