@@ -27,6 +27,7 @@ from .modeling_vanilla import (
     VanillaSeq2SeqForConditionalGeneration,
     VanillaSeq2SeqModel,
 )
+from .pipelines import Seq2SeqGenerationPipeline  # noqa: F401  (importing registers "seq2seq-generation")
 
 # Which Auto class loads which model: also the `auto_map` written next to remote-code checkpoints.
 AUTO_CLASSES = {
