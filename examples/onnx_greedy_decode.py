@@ -79,16 +79,14 @@ def random_model(seed: int = 0):
     return VanillaSeq2SeqForConditionalGeneration(config).eval()
 
 
-def sample_inputs(model, texts, model_dir: Path | None, input_names: list[str]) -> dict[str, torch.Tensor]:
-    """Tokenised `texts` when there is a tokenizer, else a right-padded batch of random ids."""
-    if texts and model_dir is not None and (model_dir / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        batch = AutoTokenizer.from_pretrained(model_dir)(texts, padding=True, return_tensors="pt")
+def source_batch(model, tokenizer, texts, input_names: list[str]) -> dict[str, torch.Tensor]:
+    """Tokenised `texts` when there are both, else a right-padded batch of random ids."""
+    if tokenizer is not None and texts:
+        batch = tokenizer(texts, padding=True, return_tensors="pt")
     else:
-        from conversion.onnx_export import sample_inputs as random_batch
+        from conversion.onnx_export import sample_inputs
 
-        batch = random_batch(model.config, input_names, batch_size=3, length=12, seed=0)
+        batch = sample_inputs(model.config, input_names, batch_size=3, length=12, seed=0)
     return {name: batch[name] for name in input_names}
 
 
@@ -120,7 +118,12 @@ def main(argv=None) -> int:
             onnx_dir = convert(str(model_dir), str(Path(scratch) / "onnx"), task="seq2seq")
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         input_names = encoder_input_names(model.config, model_dir)
-        inputs = sample_inputs(model, args.text, args.model, input_names)
+        tokenizer = None
+        if (model_dir / "tokenizer_config.json").is_file():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        inputs = source_batch(model, tokenizer, args.text, input_names)
 
         generation = model.generation_config
         with torch.no_grad():
@@ -135,6 +138,8 @@ def main(argv=None) -> int:
     same = np.array_equal(tokens, expected.numpy())
     for row, (ours, theirs) in enumerate(zip(tokens.tolist(), expected.tolist())):
         print(f"row {row}  ONNX Runtime: {ours}\n       generate():   {theirs}")
+        if tokenizer is not None and args.text:
+            print(f"       text: {tokenizer.decode(ours, skip_special_tokens=True)!r}")
     print("identical" if same else "DIFFERENT")
     return 0 if same else 1
 
