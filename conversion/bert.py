@@ -229,7 +229,8 @@ def source_namer(table: dict[str, str], checkpoint_names: dict[str, str] | None 
 
 def _check_tied_decoder(tensors: dict) -> None:
     decoder = tensors.pop("cls.predictions.decoder.weight", None)
-    if decoder is not None and not torch.equal(decoder, tensors["embeddings.word_embeddings.weight"]):
+    embeddings = tensors.get("embeddings.word_embeddings.weight")  # if missing, build_model reports it
+    if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):
         raise ConversionError(
             "The MLM decoder weight differs from the word embeddings (an untied checkpoint); the vanilla MLM head "
             "ties them, as BERT does. Convert with --head base to keep the encoder only."
@@ -340,7 +341,8 @@ def vanilla_to_bert(tensors: dict, config: VanillaEncoderConfig, head: str):
     tensors = dict(tensors)
     if head == "masked-lm":
         decoder = tensors.pop("lm_head.decoder.weight", None)  # tied, so normally not saved
-        if decoder is not None and not torch.equal(decoder, tensors["model.encoder.embeddings.word_embeddings.weight"]):
+        embeddings = tensors.get("model.encoder.embeddings.word_embeddings.weight")  # if missing, reported below
+        if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):
             raise ConversionError("lm_head.decoder.weight differs from the word embeddings; BERT's MLM head ties them.")
     table = {ours: bert for bert, ours in key_table(config, head, "" if head == "base" else "bert.").items()}
     dropped = {}
