@@ -964,6 +964,17 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationM
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Source and target share one vocabulary. transformers resizes the source embeddings and the output
+        projection; separate target embeddings are resized here first, or the output projection would be re-tied
+        to their old size."""
+        if not self.config.share_encoder_decoder_embeddings:
+            target = self.model.decoder.embeddings
+            target.word_embeddings = self._get_resized_embeddings(
+                target.word_embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing
+            )
+        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,

@@ -65,7 +65,9 @@ def one_thread():
 @pytest.fixture(scope="module")
 def generator_model():
     """A random model whose generations vary with the source and along the output (see the module docstring)."""
-    return random_model(initializer_range=1.0, pre_norm=True, tie_word_embeddings=False, scale_embeddings=False)
+    # (transformers ties nothing once tie_word_embeddings=False, so the embeddings are stated separate too.)
+    return random_model(initializer_range=1.0, pre_norm=True, tie_word_embeddings=False,
+                        share_encoder_decoder_embeddings=False, scale_embeddings=False)
 
 
 @pytest.fixture(scope="module")
@@ -350,6 +352,29 @@ def test_save_and_load_round_trip(tmp_path, share):
     assert torch.equal(target, model.model.decoder.embeddings.word_embeddings.weight)
     assert loaded.generation_config.decoder_start_token_id == BOS
     assert loaded.generation_config.eos_token_id == EOS
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared-embeddings", "separate-embeddings"])
+def test_resizing_the_vocabulary_resizes_source_target_and_output_alike(tmp_path, share):
+    model = random_model(share_encoder_decoder_embeddings=share)
+    input_ids, attention_mask, labels = digit_batch([6, 3])
+    decoder_input_ids = shift_tokens_right(labels, PAD, BOS)
+    with torch.no_grad():
+        before = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits  # (B, T, 13)
+    model.resize_token_embeddings(VOCAB + 7)
+    source = model.model.encoder.embeddings.word_embeddings.weight
+    target = model.model.decoder.embeddings.word_embeddings.weight
+    assert source.shape == target.shape == model.lm_head.decoder.weight.shape == (VOCAB + 7, 32)
+    assert model.lm_head.decoder.bias.shape == (VOCAB + 7,)
+    assert model.lm_head.decoder.weight.data_ptr() == target.data_ptr()
+    assert (source.data_ptr() == target.data_ptr()) is share
+    with torch.no_grad():
+        after = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits  # (B, T, 20)
+    torch.testing.assert_close(after[..., :VOCAB], before, rtol=0, atol=1e-6)  # the old tokens are untouched
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits, after)
 
 
 # ---- a reference written the tutorial way ---------------------------------------------------------------------

@@ -58,6 +58,7 @@ def checkpoint(tmp_path_factory, tokenizer):
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, decoder_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP,
         decoder_start_token_id=CLS, initializer_range=1.0, pre_norm=True, tie_word_embeddings=False,
+        share_encoder_decoder_embeddings=False,
     )
     torch.manual_seed(0)
     model = VanillaSeq2SeqForConditionalGeneration(config)
