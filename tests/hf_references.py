@@ -15,6 +15,7 @@ from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import (
     BertConfig,
@@ -94,3 +95,16 @@ def converted(tmp_path_factory, minilm_path, kind: str) -> tuple[Path, Path]:
             output = convert(str(reference), str(root / "vanilla"), head=head)
         _CACHE[kind] = (reference, Path(output))
     return _CACHE[kind]
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Run a module's small models on one thread (use with `pytestmark = pytest.mark.usefixtures("single_thread")`).
+
+    Their ops are tiny: handing each to a second thread costs more than it saves, and on a busy machine the waiting
+    threads spin for whole time slices (40 training steps of a 32-wide model took 20 s of CPU on two threads and
+    0.6 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

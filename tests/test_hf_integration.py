@@ -14,12 +14,13 @@ import textwrap
 
 import pytest
 import torch
-from hf_references import converted
+from hf_references import converted, single_thread  # noqa: F401  (fixture)
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
 from hf_vanilla import VanillaEncoderForMaskedLM, VanillaEncoderModel
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 HEAD_KINDS = ("masked-lm", "sentiment", "ner", "qa")
 
 # Runs in the isolated interpreter. argv[1]: JSON list of {"kind", "vanilla", "reference"}. Prints one JSON line.
@@ -120,7 +121,7 @@ def checkpoints(tmp_path_factory, minilm_path):
 def remote_results(checkpoints, tmp_path_factory):
     items = [{"kind": kind, "vanilla": str(vanilla), "reference": str(reference)}
              for kind, (reference, vanilla) in checkpoints.items()]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1",
            "HF_MODULES_CACHE": str(tmp_path_factory.mktemp("hf_modules"))}  # remote code is copied here
     result = subprocess.run([sys.executable, "-I", "-c", REMOTE_SCRIPT, json.dumps(items)], env=env,
                             capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.getbasetemp())

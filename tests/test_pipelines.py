@@ -11,7 +11,7 @@ import numbers
 import numpy as np
 import pytest
 import torch
-from hf_references import NER_LABELS, converted
+from hf_references import NER_LABELS, converted, single_thread  # noqa: F401  (fixture)
 from transformers import AutoTokenizer, BertForQuestionAnswering, pipeline
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
@@ -23,6 +23,7 @@ from hf_vanilla import (
     VanillaEncoderModel,
 )
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 TOLERANCE = 1e-5
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
