@@ -9,10 +9,12 @@ The task is generated here, so nothing is downloaded: a source "3 1 4 1 5 [EOS]"
 Reversal needs attention: output position t must find source position L - 1 - t, which the model can only learn
 through its position encodings.
 
-    python examples/train_seq2seq.py                        # the defaults: a few minutes on a 2-core CPU
-    python examples/train_seq2seq.py --steps 400 --hidden-size 64 --max-len 6   # a quick smoke run
+    python examples/train_seq2seq.py    # 2+2 layers, width 128, 1500 steps: ~2.5 CPU-minutes, accuracy 0.994
+    python examples/train_seq2seq.py --steps 300 --hidden-size 64 --ffn-size 128 --max-len 5 --batch-size 32 \
+        --warmup 100 --lr-factor 0.5 --eval-size 200    # a smoke run: ~20 s, accuracy 0.985
 
-The last line printed is `exact-match accuracy: <fraction of held-out strings reversed exactly>`.
+The held-out strings never occur in training. The last line printed is
+`exact-match accuracy: <fraction of held-out strings reversed exactly>`.
 """
 
 import argparse

@@ -72,7 +72,7 @@ def generator_model():
 
 @pytest.fixture(scope="module")
 def held_out():
-    """Eight unseen sources of different lengths, right-padded."""
+    """Eight sources of different lengths, right-padded."""
     return digit_batch([6, 3, 5, 4, 2, 6, 5, 3], seed=12345)
 
 
