@@ -347,6 +347,15 @@ def test_encoder_outputs_must_match_the_target_batch_and_the_mask():
                         decoder_input_ids=ids(length=4))
 
 
+def test_seq2seq_token_type_ids_out_of_range():
+    """A bert2bert-style encoder-decoder with segments checks the source's token types like the encoder does."""
+    model, token_type_ids = seq2seq(type_vocab_size=TYPES), torch.zeros(B, T, dtype=torch.long)
+    model(input_ids=ids(), token_type_ids=token_type_ids, decoder_input_ids=ids(length=4))  # valid: runs
+    token_type_ids[0, 5] = TYPES
+    assert_refused(model, [rf"token_type_ids contains {TYPES}\b", rf"type_vocab_size={TYPES}"],
+                   input_ids=ids(), token_type_ids=token_type_ids, decoder_input_ids=ids(length=4))
+
+
 def test_seq2seq_token_type_ids_without_types():
     assert_refused(seq2seq(), "no token types", input_ids=ids(), decoder_input_ids=ids(length=4),
                    token_type_ids=torch.ones(B, T, dtype=torch.long))
