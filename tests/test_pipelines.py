@@ -127,6 +127,13 @@ def test_zero_shot_classification(pipelines, multi_label):
         assert sorted(answer["labels"]) == sorted(labels)
 
 
+def test_question_answering_is_no_longer_a_pipeline(tmp_path_factory, minilm_path):
+    """What docs/hf_integration.md and examples/question_answering.py work around."""
+    _, vanilla_dir = converted(tmp_path_factory, minilm_path, "qa")
+    with pytest.raises(KeyError, match="question-answering"):
+        pipeline("question-answering", model=str(vanilla_dir))
+
+
 def test_question_answering_head_matches_bert(tmp_path_factory, minilm_path):
     """transformers 5 removed the QA pipeline; the head's start/end logits are what any QA decoding reads."""
     reference_dir, vanilla_dir = converted(tmp_path_factory, minilm_path, "qa")
