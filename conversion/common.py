@@ -226,10 +226,9 @@ def save_checkpoint(model, directory: Path, source_dir: Path | None, dtype: str 
     for auto_class, model_class in AUTO_CLASSES[config_class].items():
         auto_map[auto_class.__name__] = f"modeling_vanilla.{model_class.__name__}"
     model.to(DTYPES[dtype])
-    # register_for_auto_class makes save_pretrained copy configuration_vanilla.py and modeling_vanilla.py next to
-    # the weights; it records only the saved class, so the full map (every task class) is set afterwards.
-    model.config.register_for_auto_class()
-    type(model).register_for_auto_class("AutoModel")
+    # `import hf_vanilla` registered every class for its Auto class, so save_pretrained copies configuration_vanilla.py
+    # and modeling_vanilla.py next to the weights; it records only the saved class, so the full map (every task
+    # class) is set afterwards.
     model.save_pretrained(directory)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())

@@ -46,10 +46,16 @@ AUTO_CLASSES = {
     },
 }
 
+# `register_for_auto_class` makes every `save_pretrained` copy configuration_vanilla.py and modeling_vanilla.py next
+# to the weights and name the class in config.json's `auto_map`. A re-saved checkpoint (Trainer.save_model, a resized
+# vocabulary) keeps the `auto_map` it was loaded with, so without this its files would be missing and
+# `trust_remote_code` loading would fail.
 for _config_class, _models in AUTO_CLASSES.items():
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    _config_class.register_for_auto_class()
     for _auto_class, _model_class in _models.items():
         _auto_class.register(_config_class, _model_class, exist_ok=True)
+        _model_class.register_for_auto_class(_auto_class.__name__)
 
 __all__ = [
     "AUTO_CLASSES",

@@ -54,9 +54,10 @@ REMOTE_SCRIPT = textwrap.dedent(
     }
     texts = ["The capital of France is [MASK].", "A second, longer sentence that pads the first one out a little."]
 
-    def max_diff(ours, theirs, mask):
+    def max_diff(ours, theirs, mask=None):
+        """Over real tokens only when `mask` is given: padding positions carry no meaning."""
         delta = (ours.float() - theirs.float()).abs()
-        return (delta[mask] if ours.dim() > 2 or ours.shape[-1] == mask.shape[-1] else delta).max().item()
+        return (delta if mask is None else delta[mask]).max().item()
 
     for item in json.loads(sys.argv[1]):
         config = AutoConfig.from_pretrained(item["vanilla"], trust_remote_code=True)
@@ -83,9 +84,12 @@ REMOTE_SCRIPT = textwrap.dedent(
                         ref_name, field = REFERENCE_CLASS[architecture]
                         reference = getattr(transformers, ref_name).from_pretrained(item["reference"]).eval()
                         theirs = reference(**batch)
-                        check["max_diff"] = max_diff(getattr(ours, field), getattr(theirs, field), mask)
+                        per_token = architecture != "VanillaEncoderForSequenceClassification"
+                        token_mask = mask if per_token else None
+                        check["max_diff"] = max_diff(getattr(ours, field), getattr(theirs, field), token_mask)
                         if field == "start_logits":
-                            check["max_diff"] = max(check["max_diff"], max_diff(ours.end_logits, theirs.end_logits, mask))
+                            end = max_diff(ours.end_logits, theirs.end_logits, mask)
+                            check["max_diff"] = max(check["max_diff"], end)
                         if field == "last_hidden_state" and ours.pooler_output is not None:
                             pooled = (ours.pooler_output - theirs.pooler_output).abs().max().item()
                             check["max_diff"] = max(check["max_diff"], pooled)
@@ -118,9 +122,20 @@ def checkpoints(tmp_path_factory, minilm_path):
 
 
 @pytest.fixture(scope="module")
-def remote_results(checkpoints, tmp_path_factory):
+def resaved(checkpoints, tmp_path_factory):
+    """A converted checkpoint loaded and saved again in this process, as Trainer.save_model does: (reference BERT
+    directory, re-saved directory)."""
+    reference, vanilla = checkpoints["masked-lm"]
+    directory = tmp_path_factory.mktemp("resaved")
+    AutoModelForMaskedLM.from_pretrained(vanilla).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(vanilla).save_pretrained(directory)
+    return reference, directory
+
+
+@pytest.fixture(scope="module")
+def remote_results(checkpoints, resaved, tmp_path_factory):
     items = [{"kind": kind, "vanilla": str(vanilla), "reference": str(reference)}
-             for kind, (reference, vanilla) in checkpoints.items()]
+             for kind, (reference, vanilla) in {**checkpoints, "resaved": resaved}.items()]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1",
            "HF_MODULES_CACHE": str(tmp_path_factory.mktemp("hf_modules"))}  # remote code is copied here
     result = subprocess.run([sys.executable, "-I", "-c", REMOTE_SCRIPT, json.dumps(items)], env=env,
@@ -142,7 +157,7 @@ def test_every_auto_class_loads_through_remote_code_and_matches_bert(remote_resu
     errors = [c for c in checks if "error" in c]
     assert not errors, errors
     loaded = {(c["kind"], c["auto_class"]) for c in checks}
-    for kind in ("minilm", *HEAD_KINDS):  # every model Auto class of the auto_map, on every checkpoint
+    for kind in ("minilm", *HEAD_KINDS, "resaved"):  # every model Auto class of the auto_map, on every checkpoint
         for auto_class in ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification",
                            "AutoModelForTokenClassification", "AutoModelForQuestionAnswering"):
             assert (kind, auto_class) in loaded
@@ -150,6 +165,18 @@ def test_every_auto_class_loads_through_remote_code_and_matches_bert(remote_resu
         assert check["module"].startswith("transformers_modules."), check  # the saved file, not hf_vanilla
         assert check["config_module"].startswith("transformers_modules."), check
         assert check["max_diff"] <= 1e-5, check
+
+
+def test_a_resaved_checkpoint_carries_its_code(resaved):
+    """A folder saved by save_pretrained (not by the converter) keeps the full auto_map it was loaded with; the code
+    files it names must be there, and each Auto class must still name its own class."""
+    _, directory = resaved
+    assert (directory / "configuration_vanilla.py").is_file() and (directory / "modeling_vanilla.py").is_file()
+    auto_map = json.loads((directory / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoConfig"] == "configuration_vanilla.VanillaEncoderConfig"
+    assert auto_map["AutoModel"] == "modeling_vanilla.VanillaEncoderModel"
+    assert auto_map["AutoModelForMaskedLM"] == "modeling_vanilla.VanillaEncoderForMaskedLM"
+    assert auto_map["AutoModelForSequenceClassification"] == "modeling_vanilla.VanillaEncoderForSequenceClassification"
 
 
 def test_remote_code_pipeline_matches_bert(remote_results):

@@ -148,6 +148,7 @@ def test_question_answering_head_matches_bert(tmp_path_factory, minilm_path):
     real = batch["attention_mask"].bool()
     assert (a.start_logits - b.start_logits)[real].abs().max() <= TOLERANCE
     assert (a.end_logits - b.end_logits)[real].abs().max() <= TOLERANCE
-    # same best span for every row
-    assert torch.equal(a.start_logits.masked_fill(~real, -1e4).argmax(-1), b.start_logits.masked_fill(~real, -1e4).argmax(-1))
-    assert torch.equal(a.end_logits.masked_fill(~real, -1e4).argmax(-1), b.end_logits.masked_fill(~real, -1e4).argmax(-1))
+    # the same best start and end token in every row
+    for ours_logits, their_logits in ((a.start_logits, b.start_logits), (a.end_logits, b.end_logits)):
+        best = ours_logits.masked_fill(~real, -1e4).argmax(-1)
+        assert torch.equal(best, their_logits.masked_fill(~real, -1e4).argmax(-1))
