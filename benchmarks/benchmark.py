@@ -277,8 +277,7 @@ def run_generation_case(size_name, size, batch, new_tokens, device, settings):
     def call(model):
         def run():
             with torch.inference_mode():
-                return model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                      max_new_tokens=new_tokens, min_new_tokens=0)
+                return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens)
         return run
 
     floor = matrix_product_floor(ours, call(ours)) if settings.profile else None
