@@ -46,6 +46,7 @@ from .common import (
     read_config,
     report,
     require_model_type,
+    require_parity,
     resolve_source,
     save_checkpoint,
     write_model_card,
@@ -302,9 +303,7 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
         if verify_parity:
             print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
             ok, parity = verify(source_dir, model, head)
-            if not ok:
-                raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
-            print(f"  OK: {parity}")
+            require_parity(ok, parity)
         save_checkpoint(model, staging, source_dir, dtype)
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,
                          command or f"python -m conversion bert --source {source} --output {output}", parity)
@@ -397,9 +396,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
             reference = HEADS[head].ours.from_pretrained(source_dir, dtype=torch.float32).eval()
             written = HEADS[head].auto.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
             ok, parity = compare(reference, written.eval(), head)
-            if not ok:
-                raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
-            print(f"  OK: {parity}")
+            require_parity(ok, parity)
     return Path(output)
 
 

@@ -270,6 +270,13 @@ def max_differences(reference: tuple, ours: tuple, mask: torch.Tensor | None) ->
     return diffs
 
 
+def require_parity(ok: bool, parity: str) -> None:
+    """End a conversion whose verification failed, before anything is written; otherwise say it passed."""
+    if not ok:
+        raise ConversionError(f"Parity check failed: {parity.rstrip('.')}. Nothing was written.")
+    print(f"  OK: {parity}")
+
+
 def report(name: str, diffs: list[float], tolerance: float) -> bool:
     """Print one line per layer; True when all are within `tolerance`."""
     for i, diff in enumerate(diffs):
@@ -479,9 +486,7 @@ class EncoderFormat:
             parity = "Not verified (--no-verify)."
             if verify_parity:
                 ok, parity = self.verify(source_dir, model, head, source_config["model_type"])
-                if not ok:
-                    raise ConversionError(f"Parity check failed: {parity} Nothing was written.")
-                print(f"  OK: {parity}")
+                require_parity(ok, parity)
             save_checkpoint(model, staging, source_dir, dtype)
             write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,
                              command or f"python -m conversion {self.name} --source {source} --output {output}",

@@ -36,6 +36,7 @@ from .common import (
     read_config,
     report,
     require_model_type,
+    require_parity,
     resolve_source,
     save_checkpoint,
     write_model_card,
@@ -215,9 +216,7 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
                 reference.load_state_dict({k: tensors[k] for k in filled}, strict=False)
             print("Verifying against transformers' EncoderDecoderModel (eager attention, padded batches):")
             ok, parity = verify_seq2seq(reference, model, with_token_types=True)
-            if not ok:
-                raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
-            print(f"  OK: {parity}")
+            require_parity(ok, parity)
         save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer")
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder-decoder", source,
                          command or f"python -m conversion bert2bert --source {source} --output {output}", parity)
@@ -334,9 +333,7 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
         parity = "Not verified (--no-verify)."
         if verify_parity:
             ok, parity = verify_warm_start(source_dir, model, tensors, encoder_config, decoder_config, ids)
-            if not ok:
-                raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
-            print(f"  OK: {parity}")
+            require_parity(ok, parity)
         save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer", copy_generation_config=False)
         write_model_card(staging, f"bert2bert warm-started from {Path(source).name}", source,
                          command or f"python -m conversion warm-start --source {source} --output {output}",
@@ -537,9 +534,7 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
                                                       dtype=torch.float32).eval()
             print("Verifying against transformers' MarianMTModel (eager attention, padded batches):")
             ok, parity = verify_seq2seq(reference, model, with_token_types=False)
-            if not ok:
-                raise ConversionError(f"Parity check failed: {parity}. Nothing was written.")
-            print(f"  OK: {parity}")
+            require_parity(ok, parity)
         save_seq2seq(model, staging, source_dir, dtype, "MarianTokenizer")
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder-decoder", source,
                          command or f"python -m conversion marian --source {source} --output {output}", parity)
