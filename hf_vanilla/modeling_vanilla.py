@@ -390,11 +390,12 @@ class VanillaStack(nn.Module):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length,
                            encoder_hidden_states, encoder_attention_mask)
-        B, T = (inputs_embeds if input_ids is None else input_ids).shape[:2]
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        B, T = inputs.shape[:2]
         if position_ids is None:
             offset = self.config.position_offset + past_length
             # On the inputs' device: with Accelerate offload the weights may sit on "meta" until their hook runs.
-            position_ids = torch.arange(offset, offset + T, device=(input_ids if input_ids is not None else inputs_embeds).device)
+            position_ids = torch.arange(offset, offset + T, device=inputs.device)
         # (T,) or (1, T), shared by every row, -> (B, T): the packed path gathers them token by token.
         position_ids = position_ids.expand(B, T)
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
