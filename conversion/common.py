@@ -570,6 +570,15 @@ class EncoderFormat:
         parser.set_defaults(run=lambda a: self.to_source(a.source, a.output, a.force, a.dtype, a.model_type))
 
 
+def require_gelu_lm_head(source: dict, head: str, lm_head_name: str) -> None:
+    """RoBERTa's and ELECTRA's MLM heads apply GELU whatever `hidden_act` says; ours applies `hidden_act`."""
+    if head == "masked-lm" and source["hidden_act"] != "gelu":
+        raise ConversionError(
+            f"{lm_head_name} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
+            f"({source['hidden_act']!r}): convert with --head base."
+        )
+
+
 def require_fields(config, needed: dict, target: str) -> None:
     """Refuse a config whose `field` is not `value`: {field: (value, why)} -> ConversionError naming both."""
     for name, (value, why) in needed.items():

@@ -29,7 +29,7 @@ from hf_vanilla import (
 
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
-from .common import ConversionError, EncoderFormat, EncoderHead, require_fields
+from .common import ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
 ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (
@@ -64,11 +64,7 @@ HEADS = {
 
 
 def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
-    if head == "masked-lm" and source["hidden_act"] != "gelu":
-        raise ConversionError(
-            f"ELECTRA's generator head applies GELU whatever hidden_act says, and the vanilla head applies "
-            f"hidden_act ({source['hidden_act']!r}): convert with --head base."
-        )
+    require_gelu_lm_head(source, head, "ELECTRA's generator head")
     fields = {k: source[k] for k in SHARED_FIELDS if k in source}
     return VanillaEncoderConfig(**fields, embedding_size=source["embedding_size"], use_pooler=False)
 

@@ -29,7 +29,7 @@ from hf_vanilla import (
 )
 
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .common import ConversionError, EncoderFormat, EncoderHead, require_fields
+from .common import ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
 
 HEADS = {
     "base": EncoderHead(VanillaEncoderModel, "Model"),
@@ -62,11 +62,7 @@ LIMITATIONS = (
 
 
 def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
-    if head == "masked-lm" and source["hidden_act"] != "gelu":
-        raise ConversionError(
-            f"RoBERTa's MLM head applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
-            f"({source['hidden_act']!r}): convert with --head base."
-        )
+    require_gelu_lm_head(source, head, "RoBERTa's MLM head")
     fields = {k: source[k] for k in SHARED_FIELDS if k in source}
     # fairseq numbers positions after the padding index: the first token sits at row pad_token_id + 1.
     return VanillaEncoderConfig(**fields, position_offset=source["pad_token_id"] + 1)
