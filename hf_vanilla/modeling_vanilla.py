@@ -33,6 +33,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
+    BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -43,6 +44,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import ModelOutput
 
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 
@@ -602,6 +604,19 @@ def _check_range(name, ids, limit, limit_name, fix):
         raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
 
 
+IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
+
+
+def _check_labels(labels, num_classes, limit_name):
+    """Class labels in [0, num_classes), or -100 where no label applies. Checked before the model runs: the loss
+    would index its logits with them, an opaque device-side assert on GPU."""
+    if labels is None or _is_tracing():
+        return
+    _check_integer("labels", labels)
+    _check_range("labels", labels.masked_fill(labels == IGNORE_INDEX, 0), num_classes, limit_name,
+                 f"labels are class ids, with {IGNORE_INDEX} where no label applies")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # 6. Models
 # ----------------------------------------------------------------------------------------------------------------
@@ -715,6 +730,7 @@ class VanillaEncoderForMaskedLM(VanillaPreTrainedModel):
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
+        _check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)
@@ -743,6 +759,8 @@ class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label."""
+        if labels is not None and self._problem_type(labels) == "single_label_classification":
+            _check_labels(labels, self.num_labels, "num_labels")
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                          output_attentions, output_hidden_states, return_dict=True)
         # Without a pooler (DistilBERT-style checkpoints) the [CLS] hidden state is the sentence representation.
@@ -755,7 +773,9 @@ class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
                                           attentions=out.attentions)
         return output if _return_dict(self.config, return_dict) else output.to_tuple()
 
-    def _loss(self, logits, labels):
+    def _problem_type(self, labels):
+        """As BERT decides it, once, from the first labels seen: one output is a regression, integer labels are
+        classes, anything else is a multi-label target."""
         if self.config.problem_type is None:
             if self.num_labels == 1:
                 self.config.problem_type = "regression"
@@ -763,6 +783,9 @@ class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
                 self.config.problem_type = "single_label_classification"
             else:
                 self.config.problem_type = "multi_label_classification"
+        return self.config.problem_type
+
+    def _loss(self, logits, labels):
         if self.config.problem_type == "regression":
             if self.num_labels == 1:
                 return MSELoss()(logits.squeeze(), labels.squeeze())
@@ -793,6 +816,7 @@ class VanillaEncoderForTokenClassification(VanillaPreTrainedModel):
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
+        _check_labels(labels, self.num_labels, "num_labels")
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.classifier(self.dropout(out.last_hidden_state))
@@ -917,11 +941,18 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
                 decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
-        segments. Other keyword arguments that `generate` sends (e.g. `cache_position`) are not needed."""
+        segments. Other keyword arguments that `generate` sends (e.g. `cache_position`) are not needed.
+        `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from `return_dict=False`."""
         if encoder_outputs is None:
+            # The target is checked first, so that a bad target stops the call before the encoder's kernels run.
+            past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            self.decoder._check_inputs(decoder_input_ids, decoder_inputs_embeds, None, None, decoder_attention_mask,
+                                       past_length)
             encoder_outputs = self.encoder(input_ids, attention_mask, token_type_ids, inputs_embeds=inputs_embeds,
                                            output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
+        elif not isinstance(encoder_outputs, ModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         decoder_out = self.decoder(
             decoder_input_ids, decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
@@ -989,6 +1020,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationM
                 output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right.
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
+        _check_labels(labels, self.config.vocab_size, "vocab_size")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
             use_cache = False

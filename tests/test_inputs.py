@@ -20,6 +20,9 @@ import torch
 import hf_vanilla.modeling_vanilla as modeling
 from hf_vanilla import (
     VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForSequenceClassification,
+    VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
@@ -281,7 +284,7 @@ def test_seq2seq_source_errors_stop_before_any_module():
 
 
 def decoder_refused(model, match, **inputs):
-    """The decoder refuses before any decoder module runs (the encoder, on valid input, has run by then)."""
+    """Given `encoder_outputs`, the decoder refuses before any decoder module runs."""
     with no_kernel_runs(model.model.decoder), pytest.raises(ValueError) as info:
         with torch.no_grad():
             model(**inputs)
@@ -295,20 +298,15 @@ def decoder_refused(model, match, **inputs):
 def test_decoder_input_ids_out_of_range(attn, bad):
     target = ids(length=4)
     target[1, 3] = bad
-    decoder_refused(seq2seq(attn), [rf"decoder_input_ids contains {bad}\b", rf"vocab_size={V}"],
-                    input_ids=ids(), attention_mask=padded_mask(), decoder_input_ids=target)
-
-
-def test_decoder_labels_shifted_out_of_range():
-    labels = ids(length=4)
-    labels[0, 1] = V + 1  # shifted right into decoder_input_ids[0, 2]
-    decoder_refused(seq2seq(), [rf"decoder_input_ids contains {V + 1}\b"], input_ids=ids(), labels=labels)
+    # The target is checked before the source is encoded: not even the encoder runs.
+    assert_refused(seq2seq(attn), [rf"decoder_input_ids contains {bad}\b", rf"vocab_size={V}"],
+                   input_ids=ids(), attention_mask=padded_mask(), decoder_input_ids=target)
 
 
 def test_decoder_too_long():
     model = seq2seq(position_offset=1)
-    decoder_refused(model, [r"decoder sequence .* has 16 tokens", r"at most 15\b", r"position_offset=1",
-                            "max_new_tokens"], input_ids=ids(), decoder_input_ids=ids(length=P))
+    assert_refused(model, [r"decoder sequence .* has 16 tokens", r"at most 15\b", r"position_offset=1",
+                           "max_new_tokens"], input_ids=ids(), decoder_input_ids=ids(length=P))
 
 
 def test_generate_past_the_position_table_is_refused():
@@ -322,15 +320,15 @@ def test_generate_past_the_position_table_is_refused():
 
 def test_decoder_attention_mask_shape_and_values():
     model = seq2seq()
-    decoder_refused(model, [r"decoder_attention_mask has shape \(3, 3\)", r"should be \(3, 4\)"],
-                    input_ids=ids(), decoder_input_ids=ids(length=4), decoder_attention_mask=torch.ones(B, 3))
-    decoder_refused(model, [r"decoder_attention_mask must hold 1 \(token\) or 0 \(padding\), got 3"],
-                    input_ids=ids(), decoder_input_ids=ids(length=4),
-                    decoder_attention_mask=torch.full((B, 4), 3))
+    assert_refused(model, [r"decoder_attention_mask has shape \(3, 3\)", r"should be \(3, 4\)"],
+                   input_ids=ids(), decoder_input_ids=ids(length=4), decoder_attention_mask=torch.ones(B, 3))
+    assert_refused(model, [r"decoder_attention_mask must hold 1 \(token\) or 0 \(padding\), got 3"],
+                   input_ids=ids(), decoder_input_ids=ids(length=4),
+                   decoder_attention_mask=torch.full((B, 4), 3))
 
 
 def test_decoder_needs_an_input():
-    decoder_refused(seq2seq(), [r"Pass exactly one of decoder_input_ids or decoder_inputs_embeds \(or labels"],
+    assert_refused(seq2seq(), [r"Pass exactly one of decoder_input_ids or decoder_inputs_embeds \(or labels"],
                     input_ids=ids())
 
 
@@ -347,6 +345,18 @@ def test_encoder_outputs_must_match_the_target_batch_and_the_mask():
                         decoder_input_ids=ids(length=4))
 
 
+def test_encoder_outputs_as_a_tuple():
+    """As from `return_dict=False` or an exported encoder: (last_hidden_state, ...) is read like the dataclass."""
+    model, target = seq2seq(), ids(length=4)
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(ids(), padded_mask())
+        expected = model(encoder_outputs=encoder_outputs, attention_mask=padded_mask(), decoder_input_ids=target)
+        for as_tuple in [(encoder_outputs.last_hidden_state,), (encoder_outputs.last_hidden_state, None, None)]:
+            out = model(encoder_outputs=as_tuple, attention_mask=padded_mask(), decoder_input_ids=target)
+            assert torch.equal(out.logits, expected.logits)
+            assert torch.equal(out.encoder_last_hidden_state, encoder_outputs.last_hidden_state)
+
+
 def test_seq2seq_token_type_ids_out_of_range():
     """A bert2bert-style encoder-decoder with segments checks the source's token types like the encoder does."""
     model, token_type_ids = seq2seq(type_vocab_size=TYPES), torch.zeros(B, T, dtype=torch.long)
@@ -359,6 +369,50 @@ def test_seq2seq_token_type_ids_out_of_range():
 def test_seq2seq_token_type_ids_without_types():
     assert_refused(seq2seq(), "no token types", input_ids=ids(), decoder_input_ids=ids(length=4),
                    token_type_ids=torch.ones(B, T, dtype=torch.long))
+
+
+# ---- labels ---------------------------------------------------------------------------------------------------
+# A loss indexes its logits with class labels: an out-of-range label is a device-side assert on GPU. Refused before
+# the model runs; -100 (ignored) is valid anywhere.
+
+
+def head(model_class, **overrides):
+    torch.manual_seed(0)
+    fields = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                  max_position_embeddings=P, type_vocab_size=TYPES, num_labels=3)
+    return model_class(VanillaEncoderConfig(**(fields | overrides))).eval()
+
+
+LABEL_CASES = [  # model, label shape, number of classes, the config field that sets it
+    (lambda: head(VanillaEncoderForMaskedLM), (B, T), V, "vocab_size"),
+    (lambda: head(VanillaEncoderForTokenClassification), (B, T), 3, "num_labels"),
+    (lambda: head(VanillaEncoderForSequenceClassification), (B,), 3, "num_labels"),
+    (lambda: seq2seq(), (B, 4), V, "vocab_size"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LABEL_CASES)))
+@pytest.mark.parametrize("bad", ["high", -1, -99])
+def test_labels_out_of_range(case, bad):
+    make, shape, classes, field = LABEL_CASES[case]
+    bad = classes + 4 if bad == "high" else bad
+    labels = torch.randint(0, classes, shape, generator=torch.Generator().manual_seed(0))
+    labels.view(-1)[-1] = bad  # the last label: in seq2seq it is not shifted into the decoder's input
+    inputs = dict(input_ids=ids(), labels=labels)
+    assert_refused(make(), [rf"labels contains {bad}\b", rf"\[0, {classes}\)", rf"{field}={classes}\b", "-100"],
+                   **inputs)
+    labels.view(-1)[-1] = -100  # ignored: valid
+    assert torch.isfinite(make()(**inputs).loss)
+
+
+def test_label_dtype_and_non_class_targets():
+    with pytest.raises(ValueError, match=r"labels must hold integer ids, got dtype torch.float32"):
+        head(VanillaEncoderForMaskedLM)(input_ids=ids(), labels=ids().float())
+    # Regression and multi-label targets are not class ids: any float is valid.
+    regression = head(VanillaEncoderForSequenceClassification, num_labels=1)
+    assert torch.isfinite(regression(input_ids=ids(), labels=torch.tensor([-100.0, 7.5, 3.0])).loss)
+    multi_label = head(VanillaEncoderForSequenceClassification, problem_type="multi_label_classification")
+    assert torch.isfinite(multi_label(input_ids=ids(), labels=torch.rand(B, 3)).loss)
 
 
 # ---- all-padding rows -----------------------------------------------------------------------------------------
