@@ -164,7 +164,7 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
     Args (beyond `_VanillaConfig`):
         decoder_layers, decoder_attention_heads, decoder_intermediate_size: decoder sizes.
         share_encoder_decoder_embeddings: one token embedding matrix for source and target (section 3.4); a
-            warm-started bert2bert keeps two.
+            warm-started bert2bert keeps two. Needs `tie_word_embeddings`, which transformers' tying follows.
         lm_head_transform: apply BERT's dense + activation + LayerNorm before the output projection (bert2bert).
         bos_token_id, eos_token_id, decoder_start_token_id: special ids used by `generate`.
         use_cache: keep decoder keys and values between generation steps.
@@ -217,6 +217,13 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
         _check_heads("hidden_size", self.hidden_size, "decoder_attention_heads", self.decoder_attention_heads)
         if self.decoder_start_token_id is None:
             raise ValueError("decoder_start_token_id is required: generation starts every target with it.")
+        if self.share_encoder_decoder_embeddings and not self.tie_word_embeddings:
+            # transformers ties `_tied_weights_keys` only under tie_word_embeddings: the sharing would silently go.
+            raise ValueError(
+                "share_encoder_decoder_embeddings=True needs tie_word_embeddings=True: one embedding matrix serves "
+                "source, target and output projection. For separate matrices set share_encoder_decoder_embeddings="
+                "False (the output projection is then tied to the target embeddings only if tie_word_embeddings)."
+            )
 
 
 __all__ = ["VanillaEncoderConfig", "VanillaSeq2SeqConfig"]

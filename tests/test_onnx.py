@@ -141,7 +141,8 @@ def seq2seq(tmp_path_factory):
     torch.manual_seed(0)
     config = VanillaSeq2SeqConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=64, decoder_layers=3, max_position_embeddings=64,
-                                  initializer_range=0.5, tie_word_embeddings=False, pre_norm=True)
+                                  initializer_range=0.5, tie_word_embeddings=False,
+                                  share_encoder_decoder_embeddings=False, pre_norm=True)
     model = VanillaSeq2SeqForConditionalGeneration(config).eval()
     model.save_pretrained(root / "vanilla")
     assert main(["onnx", "--source", str(root / "vanilla"), "--output", str(root / "onnx")]) == 0

@@ -354,6 +354,18 @@ def test_save_and_load_round_trip(tmp_path, share):
     assert loaded.generation_config.eos_token_id == EOS
 
 
+def test_shared_embeddings_need_a_tied_output_projection():
+    """transformers ties `_tied_weights_keys` only under tie_word_embeddings: sharing without it would silently give
+    separate source and target matrices, so the config refuses the mix and names both ways out."""
+    with pytest.raises(ValueError, match=r"share_encoder_decoder_embeddings=True needs tie_word_embeddings=True.*"
+                                         r"set share_encoder_decoder_embeddings=False"):
+        VanillaSeq2SeqConfig(tie_word_embeddings=False)
+    untied = random_model(share_encoder_decoder_embeddings=False, tie_word_embeddings=False)
+    weights = [untied.model.encoder.embeddings.word_embeddings.weight,
+               untied.model.decoder.embeddings.word_embeddings.weight, untied.lm_head.decoder.weight]
+    assert len({weight.data_ptr() for weight in weights}) == 3
+
+
 @pytest.mark.parametrize("share", [True, False], ids=["shared-embeddings", "separate-embeddings"])
 def test_resizing_the_vocabulary_resizes_source_target_and_output_alike(tmp_path, share):
     model = random_model(share_encoder_decoder_embeddings=share)
