@@ -473,8 +473,10 @@ class VanillaStack(nn.Module):
 
         all_hidden_states, all_self, all_cross = [hidden_states], [], []
         for layer in self.layers:
+            # The cache by keyword: under gradient checkpointing the layer's wrapper drops it (a recomputed forward
+            # would write it twice). Tensors that need gradients stay positional, as reentrant checkpointing needs.
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, mask, encoder_hidden_states, cross_mask, past_key_values
+                hidden_states, mask, encoder_hidden_states, cross_mask, past_key_values=past_key_values
             )
             all_hidden_states.append(hidden_states)
             all_self.append(self_weights)

@@ -132,3 +132,30 @@ def test_gradient_checkpointing_gives_the_same_gradients(padded):
     assert plain.keys() == checkpointed.keys() and len(plain) > 10
     for key in plain:
         assert torch.allclose(plain[key], checkpointed[key], atol=1e-6, rtol=0), key
+
+
+def test_gradient_checkpointing_in_the_decoder_leaves_the_cache_out():
+    """A checkpointed decoder layer runs twice (forward, then again during backward): given the cache it would write
+    its keys and values twice. The layer's wrapper drops a cache passed by keyword, as transformers' layers do, so
+    the gradients equal plain backpropagation's even when the caller asks for `use_cache=True`."""
+    from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = VanillaSeq2SeqConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, hidden_dropout_prob=0.0, max_position_embeddings=16)
+    model = VanillaSeq2SeqForConditionalGeneration(config).train()
+    source, target = torch.randint(3, 32, (2, 6)), torch.randint(3, 32, (2, 5))
+
+    def gradients():
+        model.zero_grad()
+        out = model(input_ids=source, decoder_input_ids=target, use_cache=True)
+        out.logits.square().mean().backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, out.past_key_values
+
+    plain, cache = gradients()
+    assert cache.get_seq_length() == 5  # without checkpointing the cache is kept
+    model.gradient_checkpointing_enable()
+    checkpointed, _ = gradients()
+    assert plain.keys() == checkpointed.keys() and len(plain) > 10
+    for key in plain:
+        assert torch.allclose(plain[key], checkpointed[key], atol=1e-6, rtol=0), key
