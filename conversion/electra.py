@@ -41,8 +41,8 @@ HEADS = {
     "replaced-token-detection": EncoderHead(
         VanillaEncoderForReplacedTokenDetection, "ForPreTraining",
         table=(
-            ("discriminator_predictions.dense", "dense"),
-            ("discriminator_predictions.dense_prediction", "classifier"),
+            ("discriminator_predictions.dense", "rtd_head.dense"),
+            ("discriminator_predictions.dense_prediction", "rtd_head.prediction"),
         ),
     ),
     "masked-lm": EncoderHead(

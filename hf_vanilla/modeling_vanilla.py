@@ -862,9 +862,23 @@ class VanillaEncoderForQuestionAnswering(VanillaPreTrainedModel):
         return output if _return_dict(self.config, return_dict) else output.to_tuple()
 
 
+class VanillaReplacedTokenHead(nn.Module):
+    """One logit per token, "was this token replaced?": dense + activation + a dense to one output, (..., E) -> (...).
+    Its own module, so that its weights (`rtd_head.*`) never pass for a classification head's `classifier`."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states):
+        return self.prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (..., 1) -> (...)
+
+
 class VanillaEncoderForReplacedTokenDetection(VanillaPreTrainedModel):
     """ELECTRA's discriminator (Clark et al., 2020, https://arxiv.org/abs/2003.10555, section 2): for every token,
-    was it replaced by a small generator? One logit per token, from dense + activation + a dense to one output.
+    was it replaced by a small generator?
 
     ELECTRA trains this objective instead of masked-LM prediction, so it learns from every token, not only the 15%
     that are masked. Loaded through `AutoModelForPreTraining`, as transformers' ElectraForPreTraining is.
@@ -875,9 +889,7 @@ class VanillaEncoderForReplacedTokenDetection(VanillaPreTrainedModel):
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.model = VanillaEncoderModel(config)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = ACT2FN[config.hidden_act]
-        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.rtd_head = VanillaReplacedTokenHead(config)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
@@ -887,7 +899,7 @@ class VanillaEncoderForReplacedTokenDetection(VanillaPreTrainedModel):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                          output_attentions, output_hidden_states, return_dict=True)
-        logits = self.classifier(self.act(self.dense(out.last_hidden_state))).squeeze(-1)  # (B, T, 1) -> (B, T)
+        logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = None
         if labels is not None:
             # Binary cross-entropy over real tokens only: padding is neither original nor replaced.
