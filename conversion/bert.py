@@ -45,6 +45,7 @@ from .common import (
     map_tensors,
     max_differences,
     read_config,
+    reference_model,
     report,
     require_model_type,
     require_parity,
@@ -242,10 +243,11 @@ def _check_tied_decoder(tensors: dict) -> None:
         tensors["cls.predictions.bias"] = decoder_bias
 
 
-def verify(source_dir: Path, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
-    """Run transformers' BERT (eager attention) and ours on a padded two-segment batch; print per-layer max |diff|."""
-    reference = HEADS[head].auto.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32)
-    return compare(reference.eval(), model.float(), head, tolerance)
+def verify(source_dir: Path, tensors: dict, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
+    """Run transformers' BERT (eager attention, loaded from the source's `tensors`) and ours on a padded two-segment
+    batch; print per-layer max |diff|."""
+    reference = reference_model(getattr(transformers, HEADS[head].bert), tensors, source_dir)
+    return compare(reference, model.float(), head, tolerance)
 
 
 def compare(reference, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
@@ -303,7 +305,7 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
         parity = "Not verified (--no-verify)."
         if verify_parity:
             print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
-            ok, parity = verify(source_dir, model, head)
+            ok, parity = verify(source_dir, tensors, model, head)
             require_parity(ok, parity)
         save_checkpoint(model, staging, source_dir, dtype)
         write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,

@@ -261,6 +261,27 @@ def write_model_card(directory: Path, title: str, source: str, command: str, par
 # ---- verification -----------------------------------------------------------------------------------------------
 
 
+def reference_model(model_class, tensors: dict, source_dir: Path | None = None, config=None):
+    """transformers' `model_class` as `model_class.from_pretrained(source_dir)` loads it (its config and generation
+    config; eager attention, float32, eval mode), but holding `tensors`, the weights the converter has already read.
+
+    transformers' own loader still places them (its key renames such as gamma -> weight, prefixes, tied weights), so
+    the reference owes nothing to our key tables; it only avoids a second copy of the weights (from_pretrained would
+    map the file again, and the process's memory would count both). The reference and our model therefore share the
+    tensors' storage: verification relies on conversion never writing into them. `config`, when given, is used
+    instead of the source's config.json (a reference built, not loaded)."""
+    from transformers import GenerationConfig
+
+    options = {}
+    if source_dir is not None and (source_dir / "generation_config.json").is_file():
+        options["generation_config"] = GenerationConfig.from_pretrained(source_dir)
+    config = config if config is not None else model_class.config_class.from_pretrained(source_dir)
+    # A shallow copy: the loader may rename keys in the dict it is given, and the converter reads this one again.
+    reference = model_class.from_pretrained(None, config=config, state_dict=dict(tensors),
+                                            attn_implementation="eager", dtype=torch.float32, **options)
+    return reference.eval()
+
+
 def max_differences(reference: tuple, ours: tuple, mask: torch.Tensor | None) -> list[float]:
     """Per-layer max |difference|, over real tokens only (padding positions carry no meaning)."""
     diffs = []
@@ -435,17 +456,18 @@ class EncoderFormat:
             normalised[key.removeprefix(self.prefix) if head == "base" else key] = tensor
         return normalised
 
-    def verify(self, source_dir: Path, model, head: str, model_type: str, tolerance: float = 1e-5):
-        """transformers' model and ours on a right-padded batch: every layer's hidden states within `tolerance`,
-        head outputs within 5x `tolerance`, both over real tokens only. Returns (ok, one-line summary)."""
+    def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str, tolerance: float = 1e-5):
+        """transformers' model (loaded from the source's `tensors`) and ours on a right-padded batch: every layer's
+        hidden states within `tolerance`, head outputs within 5x `tolerance`, both over real tokens only. Returns
+        (ok, one-line summary)."""
         from .bert import verification_batch  # imported here: bert.py imports this module
 
         reference_class = self.source_class(model_type, head)
         print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
-        reference = reference_class.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32)
+        reference = reference_model(reference_class, tensors, source_dir)
         batch = verification_batch(model.config)
         with torch.no_grad():
-            ref_out = reference.eval()(**batch, output_hidden_states=True)
+            ref_out = reference(**batch, output_hidden_states=True)
             our_out = model.float()(**batch, output_hidden_states=True)
         diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, batch["attention_mask"])
         ok = report("hidden states", diffs, tolerance)
@@ -485,7 +507,7 @@ class EncoderFormat:
             model = self.to_vanilla(tensors, source_config, head)
             parity = "Not verified (--no-verify)."
             if verify_parity:
-                ok, parity = self.verify(source_dir, model, head, source_config["model_type"])
+                ok, parity = self.verify(source_dir, tensors, model, head, source_config["model_type"])
                 require_parity(ok, parity)
             save_checkpoint(model, staging, source_dir, dtype)
             write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,

@@ -34,6 +34,7 @@ from .common import (
     map_tensors,
     max_differences,
     read_config,
+    reference_model,
     report,
     require_model_type,
     require_parity,
@@ -210,10 +211,8 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
         if verify_parity:
             from transformers import EncoderDecoderModel
 
-            reference = EncoderDecoderModel.from_pretrained(source_dir, attn_implementation="eager",
-                                                            dtype=torch.float32).eval()
-            if filled:  # transformers 5 no longer ties encoder and decoder: give the reference the same copies
-                reference.load_state_dict({k: tensors[k] for k in filled}, strict=False)
+            # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
+            reference = reference_model(EncoderDecoderModel, tensors, source_dir)
             print("Verifying against transformers' EncoderDecoderModel (eager attention, padded batches):")
             ok, parity = verify_seq2seq(reference, model, with_token_types=True)
             require_parity(ok, parity)
@@ -332,7 +331,8 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
         set_generation_config(model, None, ids)
         parity = "Not verified (--no-verify)."
         if verify_parity:
-            ok, parity = verify_warm_start(source_dir, model, tensors, encoder_config, decoder_config, ids)
+            ok, parity = verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config, decoder_config,
+                                           ids)
             require_parity(ok, parity)
         save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer", copy_generation_config=False)
         write_model_card(staging, f"bert2bert warm-started from {Path(source).name}", source,
@@ -341,16 +341,17 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
     return Path(output)
 
 
-def verify_warm_start(source_dir: Path, model, tensors: dict, encoder_config: dict, decoder_config: dict,
-                      ids: dict) -> tuple[bool, str]:
-    """The encoder against transformers' BertModel layer by layer (1e-5), then the whole model against the
-    `EncoderDecoderModel` holding the same weights (the same fresh cross-attention), logits within 5e-5."""
-    from transformers import AutoModel, BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict, encoder_config: dict,
+                      decoder_config: dict, ids: dict) -> tuple[bool, str]:
+    """The encoder against transformers' BertModel (the source's `bert_tensors`) layer by layer (1e-5), then the
+    whole model against the `EncoderDecoderModel` holding `tensors`, the same weights (the same fresh
+    cross-attention), logits within 5e-5."""
+    from transformers import BertConfig, BertModel, EncoderDecoderConfig, EncoderDecoderModel
 
     from .bert import verification_batch
 
     print("Verifying the encoder against transformers' BertModel (eager attention, padded batch):")
-    bert = AutoModel.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32).eval()
+    bert = reference_model(BertModel, bert_tensors, source_dir)
     batch = verification_batch(model.config)
     with torch.no_grad():
         expected = bert(**batch, output_hidden_states=True).hidden_states
@@ -362,13 +363,8 @@ def verify_warm_start(source_dir: Path, model, tensors: dict, encoder_config: di
     print("Verifying the whole model against transformers' bert2bert with the same weights:")
     config = EncoderDecoderConfig.from_encoder_decoder_configs(
         BertConfig.from_dict(encoder_config), BertConfig.from_dict(decoder_config), **ids)
-    reference = EncoderDecoderModel(config=config)
-    missing = reference.load_state_dict(tensors, strict=False).missing_keys
-    missing = [k for k in missing if k not in reference.get_expanded_tied_weights_keys(all_submodels=True)]
-    if [k for k in missing if not k.startswith("encoder.pooler.")]:  # a BertModel saved without its pooler
-        raise ConversionError(f"Internal error: the reference bert2bert lacks {missing}.")
-    reference.set_attn_implementation("eager")
-    ok, summary = verify_seq2seq(reference.eval(), model, with_token_types=True, generation=False)
+    reference = reference_model(EncoderDecoderModel, tensors, config=config)
+    ok, summary = verify_seq2seq(reference, model, with_token_types=True, generation=False)
     encoder = f"encoder hidden states max |diff| {max(diffs):.2e} (tolerance {ENCODER_TOLERANCE:g})"
     return encoder_ok and ok, f"{encoder}; {summary}"
 
@@ -530,8 +526,7 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
         if verify_parity:
             from transformers import MarianMTModel
 
-            reference = MarianMTModel.from_pretrained(source_dir, attn_implementation="eager",
-                                                      dtype=torch.float32).eval()
+            reference = reference_model(MarianMTModel, tensors, source_dir)
             print("Verifying against transformers' MarianMTModel (eager attention, padded batches):")
             ok, parity = verify_seq2seq(reference, model, with_token_types=False)
             require_parity(ok, parity)

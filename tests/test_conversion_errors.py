@@ -231,13 +231,16 @@ def test_pickle_of_tensors_converts(tmp_path, source, capsys):
 
 
 def test_parity_failure_writes_nothing(tmp_path, source, capsys, monkeypatch):
-    """The converter's own check catches a wrong conversion (here, one weight perturbed after mapping)."""
+    """The converter's own check catches a wrong conversion (here, one weight of ours replaced after mapping by a
+    perturbed copy; the source tensors, which transformers' reference holds too, are left as they are)."""
     convert = conversion.bert.bert_to_vanilla
 
     def wrong(*args):
         model = convert(*args)
+        down_proj = model.model.encoder.layers[1].ffn.down_proj
+        down_proj.bias = torch.nn.Parameter(down_proj.bias.detach().clone())
         with torch.no_grad():
-            model.model.encoder.layers[1].ffn.down_proj.bias[0] += 1e-3
+            down_proj.bias[0] += 1e-3
         return model
 
     monkeypatch.setattr(conversion.bert, "bert_to_vanilla", wrong)
@@ -246,6 +249,20 @@ def test_parity_failure_writes_nothing(tmp_path, source, capsys, monkeypatch):
                              "bert", "--source", source, "--output", output)
     assert re.search(r"layer 1: max \|diff\| = \S+\n", printed.out)  # the first layer still matches
     assert re.search(r"layer 2: max \|diff\| = \S+  > tolerance", printed.out)  # the report points at layer 2
+
+
+
+def test_mismapped_key_fails_verification(tmp_path, source, capsys, monkeypatch):
+    """A key table that swaps BERT's query and key projections builds (their shapes agree): only the comparison with
+    transformers' BERT, which places the same tensors by its own names, catches it."""
+    swapped = {"encoder.layers.{i}.self_attn.q_proj": "encoder.layers.{i}.self_attn.k_proj",
+               "encoder.layers.{i}.self_attn.k_proj": "encoder.layers.{i}.self_attn.q_proj"}
+    table = [(bert, swapped.get(ours, ours)) for bert, ours in conversion.bert.ENCODER_TABLE]
+    monkeypatch.setattr(conversion.bert, "ENCODER_TABLE", table)
+    output = tmp_path / "out"
+    printed = assert_refused(capsys, output, "Parity check failed: .*Nothing was written",
+                             "bert", "--source", source, "--output", output)
+    assert re.search(r"layer 1: max \|diff\| = \S+  > tolerance", printed.out)
 
 
 # ---- the output directory ---------------------------------------------------------------------------------------
