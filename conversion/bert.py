@@ -39,6 +39,7 @@ from .common import (
     atomic_output,
     build_model,
     check_finite,
+    check_tokenizer,
     copy_side_files,
     expand_table,
     load_tensors,
@@ -302,6 +303,7 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
     check_finite(tensors)
     with atomic_output(output, force) as staging:
         model = bert_to_vanilla(tensors, bert_config, head)
+        check_tokenizer(source_dir, model.config.vocab_size)
         parity = "Not verified (--no-verify)."
         if verify_parity:
             print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
@@ -401,6 +403,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
     tensors = load_tensors(source_dir)
     check_finite(tensors)
     bert = vanilla_to_bert(tensors, config, head)
+    check_tokenizer(source_dir, bert.config.vocab_size)
     if dtype is not None:
         bert.to(DTYPES[dtype])
     with atomic_output(output, force) as staging:

@@ -21,6 +21,8 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm",
     "target_vocab.json",  # Marian models with separate source and target vocabularies
 )
+# Those of them that hold a vocabulary: a source with none of these has no tokenizer to check.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 SENTENCE_TRANSFORMERS_DIRS = ("1_Pooling", "2_Normalize", "2_Dense", "3_Normalize")
 
@@ -114,6 +116,34 @@ def check_finite(tensors: dict[str, torch.Tensor]) -> None:
     bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         raise ConversionError(f"The source weights contain NaN or Inf in {len(bad)} tensors: {bad[:10]}.")
+
+
+def check_tokenizer(source_dir: Path, vocab_size: int) -> None:
+    """The source's tokenizer against the `vocab_size` rows of the embedding table.
+
+    A tokenizer with more tokens (added tokens included: `len(tokenizer)`) would produce ids past the table, an index
+    error at run time: refused. One with fewer is common and harmless (tables padded to a round size, unused rows):
+    a note. A source without a tokenizer has nothing to check."""
+    if not any((source_dir / name).is_file() for name in VOCABULARY_FILES):
+        return
+    try:
+        from transformers import AutoTokenizer
+
+        size = len(AutoTokenizer.from_pretrained(source_dir))
+    except Exception as error:  # a missing library (sentencepiece), or remote code we do not run: still convertible
+        print(f"Note: the tokenizer in {source_dir} could not be loaded ({type(error).__name__}: {error}); its size "
+              f"was not checked against the {vocab_size} embedding rows.")
+        return
+    if size > vocab_size:
+        raise ConversionError(
+            f"The tokenizer in {source_dir} has {size} tokens (added tokens included) but the embeddings have "
+            f"{vocab_size} rows: ids {vocab_size} to {size - 1} would index past the table. Resize the source model's "
+            f"embeddings to its tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained), or "
+            f"convert with the tokenizer the model was trained with."
+        )
+    if size < vocab_size:
+        print(f"Note: the tokenizer has {size} tokens for {vocab_size} embedding rows; the last {vocab_size - size} "
+              f"rows are never looked up by it (a table padded to a round size, or unused entries).")
 
 
 # ---- mapping keys -----------------------------------------------------------------------------------------------
@@ -505,6 +535,7 @@ class EncoderFormat:
         check_finite(tensors)
         with atomic_output(output, force) as staging:
             model = self.to_vanilla(tensors, source_config, head)
+            check_tokenizer(source_dir, model.config.vocab_size)
             parity = "Not verified (--no-verify)."
             if verify_parity:
                 ok, parity = self.verify(source_dir, tensors, model, head, source_config["model_type"])
@@ -558,6 +589,7 @@ class EncoderFormat:
             model_class = partial(model_class, add_pooling_layer=config.use_pooler)
         model = build_model(model_class, target_config, mapped, unknown)
         model.config.architectures = [self.source_class(model_type, head).__name__]
+        check_tokenizer(source_dir, model.config.vocab_size)
         with atomic_output(output, force) as staging:
             model.to(DTYPES[dtype]).save_pretrained(staging)
             copy_side_files(source_dir, staging)

@@ -29,6 +29,7 @@ from .common import (
     atomic_output,
     build_model,
     check_finite,
+    check_tokenizer,
     expand_table,
     load_tensors,
     map_tensors,
@@ -206,6 +207,7 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
                                   ids["eos_token_id"], ids["bos_token_id"], share_embeddings=tie_encoder_decoder)
     with atomic_output(output, force) as staging:
         model = bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings)
+        check_tokenizer(source_dir, model.config.vocab_size)
         set_generation_config(model, source_dir, ids)
         parity = "Not verified (--no-verify)."
         if verify_parity:
@@ -328,6 +330,7 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
     ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
     with atomic_output(output, force) as staging:
         model = bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True)
+        check_tokenizer(source_dir, model.config.vocab_size)
         set_generation_config(model, None, ids)
         parity = "Not verified (--no-verify)."
         if verify_parity:
@@ -521,6 +524,7 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
     check_finite(tensors)
     with atomic_output(output, force) as staging:
         model = marian_to_vanilla(tensors, marian)
+        check_tokenizer(source_dir, model.config.vocab_size)
         set_generation_config(model, source_dir, ids)
         parity = "Not verified (--no-verify)."
         if verify_parity:

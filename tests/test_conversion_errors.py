@@ -14,7 +14,15 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertTokenizer,
+    DistilBertConfig,
+    DistilBertModel,
+    GPT2Config,
+    GPT2Model,
+)
 
 import conversion.bert
 from conversion.__main__ import main
@@ -263,6 +271,38 @@ def test_mismapped_key_fails_verification(tmp_path, source, capsys, monkeypatch)
     printed = assert_refused(capsys, output, "Parity check failed: .*Nothing was written",
                              "bert", "--source", source, "--output", output)
     assert re.search(r"layer 1: max \|diff\| = \S+  > tolerance", printed.out)
+
+
+# ---- the tokenizer against the embeddings (issue 6) --------------------------------------------------------------
+
+
+def save_tokenizer(directory, size: int, added: int = 0) -> None:
+    """A WordPiece tokenizer of `size` entries and `added` added tokens, saved next to the weights."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(size - 5)]
+    (directory / "vocab.txt").write_text("\n".join(words) + "\n")
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    tokenizer.add_tokens([f"<new{i}>" for i in range(added)])
+    tokenizer.save_pretrained(directory)
+
+
+@pytest.mark.parametrize("converter", ["bert", "warm-start"])
+def test_tokenizer_larger_than_embeddings_refused(tmp_path, source, capsys, converter):
+    save_tokenizer(source, TINY["vocab_size"], added=3)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"has 102 tokens \(added tokens included\) but the embeddings have 99 rows: ids 99 "
+                                   r"to 101 would index past the table\. .*model\.resize_token_embeddings",
+                   converter, "--source", source, "--output", output)
+
+
+def test_tokenizer_smaller_than_embeddings_noted(tmp_path, source, capsys):
+    save_tokenizer(source, 90)
+    assert main(["bert", "--source", str(source), "--output", str(tmp_path / "out")]) == 0
+    assert "Note: the tokenizer has 90 tokens for 99 embedding rows; the last 9 rows" in capsys.readouterr().out
+
+
+def test_real_tokenizer_matching_its_embeddings_converts_silently(tmp_path, minilm_path, capsys):
+    assert main(["bert", "--source", str(minilm_path), "--output", str(tmp_path / "out"), "--no-verify"]) == 0
+    assert "Note" not in capsys.readouterr().out  # all-MiniLM-L6-v2: 30522 tokens for 30522 rows
 
 
 # ---- the output directory ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 files carried over, and the checkpoint variants (saved position tables, unshared embeddings)."""
 
 import json
+import shutil
 from contextlib import redirect_stdout
 from io import StringIO
 
@@ -272,6 +273,20 @@ def test_tokenizer_loads_from_the_converted_folder(marian_with_tokenizer):
     assert isinstance(ours, MarianTokenizer)
     expected = MarianTokenizer.from_pretrained(source)(SENTENCES, padding=True)
     assert ours(SENTENCES, padding=True) == expected
+
+
+def test_tokenizer_is_checked_against_the_embeddings(marian_with_tokenizer, tmp_path):
+    """MarianTokenizer's length is its (shared) vocab.json: equal to vocab_size, silent; larger, refused."""
+    source, _ = marian_with_tokenizer
+    _, printed = quiet(convert_marian, str(source), str(tmp_path / "same"), verify_parity=False)
+    assert "tokenizer" not in printed
+    larger = shutil.copytree(source, tmp_path / "larger")
+    vocab = json.loads((larger / "vocab.json").read_text())
+    rows = len(vocab)
+    (larger / "vocab.json").write_text(json.dumps(vocab | {"extra0": rows, "extra1": rows + 1}))
+    with pytest.raises(ConversionError, match=rf"has {rows + 2} tokens .* the embeddings have {rows} rows"):
+        quiet(convert_marian, str(larger), str(tmp_path / "out"), verify_parity=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_pipeline_matches_reference_generate(marian_with_tokenizer):
