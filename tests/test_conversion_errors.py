@@ -199,9 +199,10 @@ def test_not_a_bert(tmp_path, capsys, model, model_type):
                    "bert", "--source", tmp_path / "source", "--output", output)
 
 
-def test_nan_weights(tmp_path, source, capsys):
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_weights(tmp_path, source, capsys, value):
     def poison(tensors):
-        tensors["bert.encoder.layer.0.output.dense.weight"][3, 5] = float("nan")
+        tensors["bert.encoder.layer.0.output.dense.weight"][3, 5] = value
 
     edit_tensors(source, poison)
     output = tmp_path / "out"
