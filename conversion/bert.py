@@ -412,7 +412,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
         if verify_parity:
             # What a user will do: load the written folder with transformers alone, next to the source.
             print(f"Verifying the written {HEADS[head].bert} against the vanilla source (padded batch):")
-            reference = HEADS[head].ours.from_pretrained(source_dir, dtype=torch.float32).eval()
+            reference = reference_model(HEADS[head].ours, tensors, source_dir)
             written = HEADS[head].auto.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
             ok, parity = compare(reference, written.eval(), head)
             require_parity(ok, parity)

@@ -302,8 +302,8 @@ def write_model_card(directory: Path, title: str, source: str, command: str, par
 
 
 def reference_model(model_class, tensors: dict, source_dir: Path | None = None, config=None):
-    """transformers' `model_class` as `model_class.from_pretrained(source_dir)` loads it (its config and generation
-    config; eager attention, float32, eval mode), but holding `tensors`, the weights the converter has already read.
+    """`model_class` as `model_class.from_pretrained(source_dir)` loads it (its config and generation config; eager
+    attention, float32, eval mode), but holding `tensors`, the weights the converter has already read.
 
     transformers' own loader still places them (its key renames such as gamma -> weight, prefixes, tied weights), so
     the reference owes nothing to our key tables; it only avoids a second copy of the weights (from_pretrained would
