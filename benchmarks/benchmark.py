@@ -340,7 +340,7 @@ CONVERT_IN_PROCESS = (
 CONVERSION_TARGET = (3.0, 1.5)  # issue 7: under 3 s for bert-base, peak memory under 1.5x the checkpoint
 
 
-def run_conversion_case(repeats: int = 3):
+def run_conversion_case(repeats: int = 5):
     """`python -m conversion bert` on a bert-base checkpoint: wall time and peak memory against its size, next to
     where the time goes: the import floor, our imports on top of it, and `conversion.bert.convert` timed in a process
     that has imported everything. Medians of `repeats` fresh processes each."""
