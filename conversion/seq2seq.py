@@ -204,7 +204,10 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
     if filled:
         print(f"tie_encoder_decoder: the decoder shares the encoder's weights; copied {len(filled)} tensors into it.")
     vanilla = bert_seq2seq_config(config["encoder"], config["decoder"], ids["decoder_start_token_id"],
-                                  ids["eos_token_id"], ids["bos_token_id"], share_embeddings=tie_encoder_decoder)
+                                  ids["eos_token_id"], ids["bos_token_id"],
+                                  # One shared matrix needs the output tied too; else equal copies serve as well.
+                                  share_embeddings=tie_encoder_decoder
+                                  and config["decoder"].get("tie_word_embeddings", True))
     with atomic_output(output, force) as staging:
         model = bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings)
         check_tokenizer(source_dir, model.config.vocab_size)

@@ -172,22 +172,30 @@ def test_bert2bert_pipeline_matches_reference(bert2bert, bert2bert_models):
         assert output["generated_text"] == expected
 
 
-def test_bert2bert_legacy_tie_encoder_decoder(tmp_path, minilm_path):
+@pytest.mark.parametrize("tie_output", [True, False], ids=["tied-output", "untied-output"])
+def test_bert2bert_legacy_tie_encoder_decoder(tmp_path, minilm_path, tie_output):
     """transformers 4's `tie_encoder_decoder=True` stored the shared modules once, under `encoder.`: the decoder
-    gets its own copies, and its word embeddings stay shared with the encoder's."""
+    gets its own copies, and its word embeddings stay shared with the encoder's (as equal copies when the output
+    projection is untied: one shared matrix would tie it)."""
     source = make_bert2bert(tmp_path / "tied", minilm_path, seed=1, tie_encoder_decoder=True)
     config = json.loads((source / "config.json").read_text())
     config["tie_encoder_decoder"] = True
+    config["decoder"]["tie_word_embeddings"] = tie_output
     (source / "config.json").write_text(json.dumps(config))
     tensors = load_file(source / "model.safetensors")
     for key in [k for k in tensors if k.startswith("decoder.bert.") and "crossattention" not in k]:
         tensors[key] = tensors["encoder." + key.removeprefix("decoder.bert.")]
+    if not tie_output:  # an output projection of its own
+        embeddings = tensors["encoder.embeddings.word_embeddings.weight"]
+        tensors["decoder.cls.predictions.decoder.weight"] = embeddings + 0.01 * torch.randn_like(embeddings)
     save_file({k: v for k, v in tensors.items()
                if not (k.startswith("decoder.bert.") and "crossattention" not in k)}, source / "model.safetensors")
     _, printed = quiet(convert_bert2bert, str(source), str(tmp_path / "converted"))
     assert "copied" in printed and "OK:" in printed
     ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
-    assert ours.config.share_encoder_decoder_embeddings
+    assert ours.config.share_encoder_decoder_embeddings is tie_output
+    assert torch.equal(ours.model.encoder.embeddings.word_embeddings.weight,
+                       ours.model.decoder.embeddings.word_embeddings.weight)
     reference = EncoderDecoderModel.from_pretrained(source).eval()
     reference.load_state_dict(tensors, strict=False)  # the tie transformers 5 no longer makes
     inputs = padded_inputs(source)
