@@ -74,7 +74,7 @@ ENCODER_TABLE = [
 
 # Head modules, outside the base model. BERT keeps its MLM output bias as `cls.predictions.bias`; its decoder
 # `cls.predictions.decoder` is tied to the word embeddings (weight) and to that bias, so checkpoints may or may not
-# store it: `_check_tied_decoder` checks and drops it on the way in, and transformers re-ties it on the way out.
+# store it: `check_tied_decoder` checks and drops it on the way in, and transformers re-ties it on the way out.
 HEAD_TABLES = {
     "base": [],
     "masked-lm": [
@@ -202,7 +202,7 @@ def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     checkpoint_names = dict(zip(normalised, tensors))  # for messages: the names the user's checkpoint has
     tensors = normalised
     if head == "masked-lm":
-        _check_tied_decoder(tensors)
+        check_tied_decoder(tensors)
     if "pooler.dense.weight" not in tensors and head != "sequence-classification":
         # BertModel(add_pooling_layer=False), and BertForMaskedLM/TokenClassification/QuestionAnswering, which
         # never build a pooler: ours gets none either. (Sequence classification reads the pooler, so a checkpoint
@@ -231,7 +231,9 @@ def source_namer(table: dict[str, str], checkpoint_names: dict[str, str] | None 
     return source_name
 
 
-def _check_tied_decoder(tensors: dict) -> None:
+def check_tied_decoder(tensors: dict) -> None:
+    """BERT's MLM decoder (`cls.predictions.decoder`) must equal the word embeddings it is tied to: checked, then
+    dropped (its bias is kept as `cls.predictions.bias`). Shared with the bert2bert decoder's LM head."""
     decoder = tensors.pop("cls.predictions.decoder.weight", None)
     embeddings = tensors.get("embeddings.word_embeddings.weight")  # if missing, build_model reports it
     if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):

@@ -21,7 +21,7 @@ import torch
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
-from .bert import ENCODER_TABLE, HEAD_TABLES, _check_tied_decoder, dropped_keys, normalise_keys, vanilla_config
+from .bert import ENCODER_TABLE, HEAD_TABLES, check_tied_decoder, dropped_keys, normalise_keys, vanilla_config
 from .common import (
     DTYPES,
     TOKENIZER_FILES,
@@ -123,7 +123,7 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
     others = [k for k in tensors if not k.startswith(("encoder.", "decoder."))]
     if tie_word_embeddings:
         try:
-            _check_tied_decoder(decoder)  # checks the output weight is the decoder's embedding matrix, then drops it
+            check_tied_decoder(decoder)  # checks the output weight is the decoder's embedding matrix, then drops it
         except ConversionError:
             raise ConversionError(
                 "The decoder's output weights differ from its word embeddings, although its config ties them "
