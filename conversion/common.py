@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from hf_vanilla import VanillaEncoderForQuestionAnswering, VanillaEncoderForTokenClassification
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Files copied next to converted weights when the source has them: tokenizers of every family we read, and the
@@ -365,6 +367,17 @@ class EncoderHead:
     source_suffix: str
     table: tuple = ()
     tied: dict = field(default_factory=dict)
+
+
+# The task heads every BERT-family format names as BERT does (`classifier`, `qa_outputs`), as ours do.
+TASK_HEADS = {
+    "token-classification": EncoderHead(
+        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
+    ),
+    "question-answering": EncoderHead(
+        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,10 @@ without the extra training-time dropout `qa_dropout` (the outputs are the same).
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
-    VanillaEncoderForQuestionAnswering,
-    VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
 )
 
-from .common import ConversionError, EncoderFormat, EncoderHead, require_fields
+from .common import TASK_HEADS, ConversionError, EncoderFormat, EncoderHead, require_fields
 
 # DistilBERT module -> ours, within the base model.
 ENCODER_TABLE = (
@@ -53,14 +51,9 @@ HEADS = {
         tied={"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"},  # stored by older writers
     ),
     # DistilBertForTokenClassification: dropout(config.dropout) then a linear classifier, as ours.
-    "token-classification": EncoderHead(
-        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
-    ),
     # DistilBertForQuestionAnswering drops out at qa_dropout before qa_outputs; ours does not (training only:
     # the outputs are the same).
-    "question-answering": EncoderHead(
-        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
-    ),
+    **TASK_HEADS,
 }
 
 # DistilBertConfig name -> ours; the rest of our fields are fixed by the architecture (below).

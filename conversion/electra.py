@@ -21,15 +21,13 @@ the encoder of such a checkpoint converts with `--head base`.
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
-    VanillaEncoderForQuestionAnswering,
     VanillaEncoderForReplacedTokenDetection,
-    VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
 )
 
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
-from .common import ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
+from .common import TASK_HEADS, ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
 ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (
@@ -54,12 +52,7 @@ HEADS = {
         ),
         tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},  # stored by older writers
     ),
-    "token-classification": EncoderHead(
-        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
-    ),
-    "question-answering": EncoderHead(
-        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
-    ),
+    **TASK_HEADS,
 }
 
 

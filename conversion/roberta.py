@@ -23,13 +23,11 @@ refused; the encoder of such a checkpoint converts with `--head base`.
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
-    VanillaEncoderForQuestionAnswering,
-    VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
 )
 
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .common import ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
+from .common import TASK_HEADS, ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
 
 HEADS = {
     "base": EncoderHead(VanillaEncoderModel, "Model"),
@@ -46,12 +44,7 @@ HEADS = {
             "lm_head.decoder.bias": "lm_head.bias",
         },
     ),
-    "token-classification": EncoderHead(
-        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
-    ),
-    "question-answering": EncoderHead(
-        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
-    ),
+    **TASK_HEADS,
 }
 
 LIMITATIONS = (
