@@ -143,6 +143,31 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     return context.transpose(1, 2).contiguous(), weights  # (B, T, H, D)
 
 
+def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Equation 1 in one fused torch kernel, for `config._attn_implementation == "sdpa"` (the default): the same
+    arithmetic as `eager_attention_forward`, without materialising the weights.
+
+    transformers' own sdpa function wraps this kernel in cases this model never has (grouped-query heads, paged
+    caches, causality guessed from `module.is_causal`); calling the kernel directly saves that Python on every
+    attention call, a measurable share of a 16-token request. Masks here are always explicit: `is_causal` stays off.
+
+    Returns: context (B, T, H, D) and None (no weights are formed).
+    """
+    context = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
+    )  # (B, H, T, D)
+    return context.transpose(1, 2), None
+
+
+def attention_function(implementation: str):
+    """The attention kernel for `config._attn_implementation`: ours for "sdpa" and "eager", transformers' registry
+    for the others (flex_attention, flash_attention_2, kernels registered with `AttentionInterface`).
+    (`set_attn_implementation` only switches models whose source calls `ALL_ATTENTION_FUNCTIONS.get_interface(`.)"""
+    if implementation == "sdpa":
+        return sdpa_attention_forward
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+
+
 class VanillaAttention(nn.Module):
     """Multi-head attention: MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_i = Attention(Q W_i^Q, ...).
 
@@ -170,7 +195,7 @@ class VanillaAttention(nn.Module):
         """hidden_states: (B, T, E), or (N, E) packed with `seq_lens` (the length of each sequence, summing to N).
         key_value_states: (B, S, E) encoder output for cross-attention. Returns (output like hidden_states, weights).
         """
-        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        attention_fn = attention_function(self.config._attn_implementation)
         dropout = self.dropout if self.training else 0.0
         if seq_lens is not None:
             return self._packed_forward(hidden_states, seq_lens, attention_fn, dropout), None
