@@ -114,7 +114,8 @@ class VanillaEmbeddings(nn.Module):
             embeddings = embeddings + self.position_table[position_ids].to(embeddings.dtype)
         if self.norm is not None:
             embeddings = self.norm(embeddings)
-        embeddings = self.dropout(embeddings)
+        if self.training:  # dropout is the identity in eval mode; not calling it saves its Python
+            embeddings = self.dropout(embeddings)
         if self.projection is not None:
             embeddings = self.projection(embeddings)
         return embeddings
@@ -302,9 +303,11 @@ class VanillaEncoderLayer(GradientCheckpointingLayer):
         return self._ffn_block(hidden_states), weights
 
     def _residual(self, residual, sublayer_output, norm):
+        if self.training:  # dropout is the identity in eval mode; not calling it saves its Python
+            sublayer_output = self.dropout(sublayer_output)
         if self.pre_norm:
-            return residual + self.dropout(sublayer_output)
-        return norm(residual + self.dropout(sublayer_output))
+            return residual + sublayer_output
+        return norm(residual + sublayer_output)
 
     def _sublayer_input(self, hidden_states, norm):
         return norm(hidden_states) if self.pre_norm else hidden_states
