@@ -367,6 +367,13 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
+def _has_padding(mask) -> bool:
+    """Whether a 1/0 `attention_mask` hides any token. A mask of ones needs no masking at all: attention then runs
+    without a mask, bit for bit what it gives without `attention_mask`. (Always True while tracing, where the
+    graph must not depend on the mask's values.)"""
+    return mask is not None and (_is_tracing() or not mask.all())
+
+
 class VanillaStack(nn.Module):
     """Embeddings followed by N identical layers: the encoder (section 3.1, left) or the decoder (right).
 
@@ -432,20 +439,19 @@ class VanillaStack(nn.Module):
 
         if self.is_decoder:
             return self._decode(input_ids, attention_mask, position_ids, inputs_embeds, encoder_hidden_states,
-                                encoder_attention_mask, past_key_values, use_cache, output_attentions,
+                                encoder_attention_mask, past_key_values, past_length, use_cache, output_attentions,
                                 output_hidden_states)
 
+        padded = _has_padding(attention_mask)
         packed = (
-            attention_mask is not None and not output_attentions and not _is_tracing() and not attention_mask.all()
+            padded and not output_attentions and not _is_tracing()
             and attention_mask.any()  # a batch of nothing but padding has no token to pack
         )
         if packed:
             return self._encode_packed(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                        output_hidden_states)
         hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E)
-        mask = None
-        if attention_mask is not None and (_is_tracing() or not attention_mask.all()):
-            mask = additive_mask(attention_mask[:, None, None, :], hidden_states.dtype)  # (B, 1, 1, S)
+        mask = additive_mask(attention_mask[:, None, None, :], hidden_states.dtype) if padded else None  # (B, 1, 1, S)
         all_hidden_states, all_attentions = [hidden_states], []
         for layer in self.layers:
             hidden_states, weights = layer(hidden_states, mask)
@@ -478,21 +484,22 @@ class VanillaStack(nn.Module):
         return self._output(unpack(hidden_states), all_hidden_states, [], None, None, output_hidden_states, False)
 
     def _decode(self, input_ids, attention_mask, position_ids, inputs_embeds, encoder_hidden_states,
-                encoder_attention_mask, past_key_values, use_cache, output_attentions, output_hidden_states):
+                encoder_attention_mask, past_key_values, past_length, use_cache, output_attentions,
+                output_hidden_states):
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         # The decoder has no segments: BERT-initialised decoders see segment 0, as in transformers' bert2bert.
         hidden_states = self.embeddings(input_ids, position_ids, None, inputs_embeds)  # (B, T, E)
         B, T, _ = hidden_states.shape
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         S = past_length + T
+        padded = _has_padding(attention_mask)
         mask = None
-        if T > 1 or attention_mask is not None:
+        if T > 1 or padded:  # one new token without padding may see every key: nothing to mask
             # Query t (at absolute position past_length + t) may see keys 0..past_length + t: never the future.
             query_pos = torch.arange(past_length, S, device=hidden_states.device)
             allowed = query_pos[:, None] >= torch.arange(S, device=hidden_states.device)[None, :]  # (T, S)
             allowed = allowed[None, None]  # (1, 1, T, S)
-            if attention_mask is not None:
+            if padded:
                 allowed = allowed & attention_mask[:, None, None, -S:].bool()  # (B, 1, T, S)
             mask = additive_mask(allowed, hidden_states.dtype)
         cross_mask = None
