@@ -635,9 +635,9 @@ def _check_range(name, ids, limit, limit_name, fix):
     """Every id in [0, limit), else a ValueError naming the offending value, the limit and `fix`."""
     if ids is None:
         return
-    low, high = torch.aminmax(ids)
+    low, high = (int(x) for x in torch.aminmax(ids))
     if low < 0 or high >= limit:
-        bad = int(high) if high >= limit else int(low)
+        bad = high if high >= limit else low
         raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
 
 
