@@ -623,8 +623,13 @@ def _check_mask_values(name, mask):
     """Masks are 1 (token) / 0 (padding); any other value would be read differently by the padded and packed paths."""
     if mask is None or mask.dtype == torch.bool:
         return
-    invalid = (mask != 0) & (mask != 1)
-    if invalid.any():
+    if mask.is_floating_point():
+        valid = bool(((mask == 0) | (mask == 1)).all())
+    else:  # integers hold nothing but 1 and 0 when their extremes do: one reduction
+        low, high = (int(x) for x in torch.aminmax(mask))
+        valid = low >= 0 and high <= 1
+    if not valid:
+        invalid = (mask != 0) & (mask != 1)
         raise ValueError(
             f"{name} must hold 1 (token) or 0 (padding), got {mask[invalid][0].item()}: pass the tokenizer's "
             f"attention_mask (an additive or 4-D mask is not accepted)."
