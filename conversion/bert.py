@@ -34,26 +34,29 @@ from hf_vanilla import (
 )
 
 from .common import (
+    BUFFERS,
     DTYPES,
     ConversionError,
     atomic_output,
     build_model,
     check_finite,
     check_tokenizer,
+    compare,
     copy_side_files,
     expand_table,
     load_tensors,
     map_tensors,
-    max_differences,
+    normalise_keys,
     read_config,
     reference_model,
-    report,
+    require_encoder,
     require_model_type,
     require_parity,
     resolve_source,
     save_checkpoint,
     write_model_card,
 )
+from .common import verification_batch  # noqa: F401  (public here: tests, benchmarks and examples import it)
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).
 ENCODER_TABLE = [
@@ -93,19 +96,17 @@ class Head(NamedTuple):
     bert: str  # transformers' BERT class, by name
     auto: type  # the Auto class that loads either
     bert_has_pooler: bool  # whether transformers' BERT class builds a pooler
-    outputs: tuple[str, ...]  # what verification compares beyond the hidden states
-    per_token: bool  # whether those outputs have one row per token (compared at real tokens only)
 
 
 HEADS = {
-    "base": Head(VanillaEncoderModel, "BertModel", AutoModel, True, ("pooler_output",), False),
-    "masked-lm": Head(VanillaEncoderForMaskedLM, "BertForMaskedLM", AutoModelForMaskedLM, False, ("logits",), True),
+    "base": Head(VanillaEncoderModel, "BertModel", AutoModel, True),
+    "masked-lm": Head(VanillaEncoderForMaskedLM, "BertForMaskedLM", AutoModelForMaskedLM, False),
     "sequence-classification": Head(VanillaEncoderForSequenceClassification, "BertForSequenceClassification",
-                                    AutoModelForSequenceClassification, True, ("logits",), False),
+                                    AutoModelForSequenceClassification, True),
     "token-classification": Head(VanillaEncoderForTokenClassification, "BertForTokenClassification",
-                                 AutoModelForTokenClassification, False, ("logits",), True),
+                                 AutoModelForTokenClassification, False),
     "question-answering": Head(VanillaEncoderForQuestionAnswering, "BertForQuestionAnswering",
-                               AutoModelForQuestionAnswering, False, ("start_logits", "end_logits"), True),
+                               AutoModelForQuestionAnswering, False),
 }
 ARCHITECTURE_HEADS = {head.bert: name for name, head in HEADS.items()} | {"BertForPreTraining": "masked-lm"}
 
@@ -143,31 +144,13 @@ def head_for(bert_config: dict, requested: str) -> str:
 
 
 def vanilla_config(bert_config: dict) -> VanillaEncoderConfig:
-    if bert_config.get("position_embedding_type", "absolute") != "absolute":
-        raise ConversionError(
-            f"position_embedding_type={bert_config['position_embedding_type']!r} (relative positions) has no "
-            f"vanilla equivalent; only absolute (learned) positions convert."
-        )
-    if bert_config.get("is_decoder") or bert_config.get("add_cross_attention"):
-        raise ConversionError(
-            "This BERT is a decoder (is_decoder/add_cross_attention). Convert an encoder-decoder with "
-            "`python -m conversion bert2bert`, or warm-start one from an encoder with `warm-start`."
-        )
+    require_encoder(bert_config, "BERT", "convert an encoder-decoder with `python -m conversion bert2bert`, or "
+                                         "warm-start one from an encoder with `warm-start`.")
     fields = {k: bert_config[k] for k in SHARED_FIELDS if k in bert_config}
     try:
         return VanillaEncoderConfig(**fields)
     except (ValueError, StrictDataclassError) as error:
         raise ConversionError(f"The source's config.json describes no valid encoder: {error}") from None
-
-
-def normalise_keys(tensors: dict, head: str) -> dict:
-    """Strip BERT's `bert.` prefix and rename TF-era LayerNorm `gamma`/`beta` (bert-base-uncased still has them)."""
-    normalised = {}
-    for key, tensor in tensors.items():
-        key = key.removeprefix("bert.")
-        key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        normalised[key] = tensor
-    return normalised
 
 
 def key_table(config: VanillaEncoderConfig, head: str, bert_prefix: str = "") -> dict[str, str]:
@@ -182,11 +165,7 @@ def key_table(config: VanillaEncoderConfig, head: str, bert_prefix: str = "") ->
 
 def dropped_keys(head: str, tensors: dict) -> dict[str, str]:
     """Source keys that are left out on purpose, with the reason."""
-    dropped = {
-        "embeddings.position_ids": "a buffer of 0..max_positions-1, recomputed by the model",
-        "embeddings.token_type_ids": "a buffer of zeros, recomputed by the model",
-        "cls.seq_relationship": "the next-sentence-prediction head, which has no vanilla counterpart",
-    }
+    dropped = BUFFERS | {"cls.seq_relationship": "the next-sentence-prediction head, which has no vanilla counterpart"}
     for other, table in HEAD_TABLES.items():
         for bert, _ in table:
             module = bert.split(".")[0] + "."  # cls., classifier., qa_outputs.
@@ -198,7 +177,7 @@ def dropped_keys(head: str, tensors: dict) -> dict[str, str]:
 def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     """In-memory conversion: BERT tensors and config.json dict -> a VanillaEncoder* model (no copy of weights)."""
     config = vanilla_config(bert_config)
-    normalised = normalise_keys(tensors, head)
+    normalised = normalise_keys(tensors, "bert.")
     checkpoint_names = dict(zip(normalised, tensors))  # for messages: the names the user's checkpoint has
     tensors = normalised
     if head == "masked-lm":
@@ -248,50 +227,9 @@ def check_tied_decoder(tensors: dict) -> None:
 
 def verify(source_dir: Path, tensors: dict, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
     """Run transformers' BERT (eager attention, loaded from the source's `tensors`) and ours on a padded two-segment
-    batch; print per-layer max |diff|."""
+    batch; print per-layer max |diff|. Head outputs are compared relative to their magnitude (`compare`)."""
     reference = reference_model(getattr(transformers, HEADS[head].bert), tensors, source_dir)
-    return compare(reference, model.float(), head, tolerance)
-
-
-def compare(reference, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
-    """Feed both models `verification_batch`; print the max |diff| of every layer's hidden states and of the
-    head's outputs, at real tokens only (padding positions carry no meaning; ours leaves zeros there).
-
-    Head outputs are compared relative to their size: logits over a 30k vocabulary reach tens, and float32 keeps
-    about 7 significant digits of them. Returns (all within tolerance, a one-line summary)."""
-    batch = verification_batch(model.config)
-    mask = batch["attention_mask"]
-    with torch.no_grad():
-        ref_out = reference(**batch, output_hidden_states=True)
-        our_out = model(**batch, output_hidden_states=True)
-    diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, mask)
-    ok = report("hidden states", diffs, tolerance)
-    worst = max(diffs)
-    spec = HEADS[head]
-    for name in spec.outputs:
-        ref, ours = getattr(ref_out, name), getattr(our_out, name)
-        if ref is None or ours is None:  # a base model without a pooler
-            continue
-        diff = max_differences((ref,), (ours,), mask if spec.per_token else None)[0]
-        allowed = tolerance * max(1.0, ref.abs().max().item())
-        print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= allowed else '  > tolerance'}")
-        ok, worst = ok and diff <= allowed, max(worst, diff)
-    summary = f"max |diff| over every layer's hidden states and the head output: {worst:.2e} (fp32, tolerance {tolerance:g})"
-    return ok, summary
-
-
-def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
-    """Random ids, right-padded rows of different lengths, two segments when the model has token types."""
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(5, config.vocab_size, (batch_size, length), generator=generator)
-    lengths = torch.tensor([length, length * 2 // 3, length // 3])[:batch_size]
-    attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
-    input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if config.type_vocab_size > 1:
-        second = (torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)
-        batch["token_type_ids"] = second.long()
-    return batch
+    return compare(reference, model.float(), tolerance, relative=True)
 
 
 def convert(source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
@@ -416,7 +354,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
             print(f"Verifying the written {HEADS[head].bert} against the vanilla source (padded batch):")
             reference = reference_model(HEADS[head].ours, tensors, source_dir)
             written = HEADS[head].auto.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
-            ok, parity = compare(reference, written.eval(), head)
+            ok, parity = compare(reference, written.eval(), relative=True)
             require_parity(ok, parity)
     return Path(output)
 

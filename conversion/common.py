@@ -161,6 +161,38 @@ def check_tokenizer(source_dir: Path, vocab_size: int) -> None:
 # ---- mapping keys -----------------------------------------------------------------------------------------------
 
 
+def require_encoder(source_config: dict, title: str, decoder_hint: str = "only encoders convert.") -> None:
+    """Refuse what a vanilla encoder cannot compute: relative positions, and decoders."""
+    if source_config.get("position_embedding_type", "absolute") != "absolute":
+        raise ConversionError(
+            f"position_embedding_type={source_config['position_embedding_type']!r} (relative positions) has no "
+            f"vanilla equivalent; only absolute (learned) positions convert."
+        )
+    if source_config.get("is_decoder") or source_config.get("add_cross_attention"):
+        raise ConversionError(f"This {title} is a decoder (is_decoder/add_cross_attention); {decoder_hint}")
+
+
+# Buffers BERT-family checkpoints may store (module-relative keys): left out, the model recomputes them.
+BUFFERS = {
+    "embeddings.position_ids": "a buffer of 0..max_positions-1, recomputed by the model",
+    "embeddings.token_type_ids": "a buffer of zeros, recomputed by the model",
+}
+
+
+def normalise_keys(tensors: dict, prefix: str = "") -> dict:
+    """TF-era LayerNorm `gamma`/`beta` -> `weight`/`bias` (bert-base-uncased still has them; transformers renames
+    them when loading too), and `prefix` (a head model's `bert.`) stripped, as `from_pretrained` does for a base
+    model."""
+    normalised = {}
+    for key, tensor in tensors.items():
+        if key.endswith(".gamma"):
+            key = key.removesuffix(".gamma") + ".weight"
+        elif key.endswith(".beta"):
+            key = key.removesuffix(".beta") + ".bias"
+        normalised[key.removeprefix(prefix)] = tensor
+    return normalised
+
+
 def expand_table(table: list[tuple[str, str]], num_layers: int) -> dict[str, str]:
     """A key table written once per layer ({i} marks the layer) -> one entry per module of the model."""
     expanded = {}
@@ -348,6 +380,55 @@ def report(name: str, diffs: list[float], tolerance: float) -> bool:
     return max(diffs) <= tolerance
 
 
+
+def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
+    """Random ids, right-padded rows of different lengths, two segments when the model has token types."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, config.vocab_size, (batch_size, length), generator=generator)
+    lengths = torch.tensor([length, length * 2 // 3, length // 3])[:batch_size]
+    attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if config.type_vocab_size > 1:
+        second = (torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)
+        batch["token_type_ids"] = second.long()
+    return batch
+
+
+def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -> tuple[bool, str]:
+    """Feed both models `verification_batch`; print the max |diff| of every layer's hidden states and of the head's
+    outputs (pooler_output, logits, start/end logits), at real tokens only (padding positions carry no meaning).
+
+    Hidden states and the pooler (a tanh) are within `tolerance`. Other head outputs are within 5x `tolerance`, or,
+    with `relative`, within `tolerance` times their magnitude: BERT's logits over a 30k vocabulary reach tens, and
+    float32 keeps about 7 significant digits of them. Returns (all within tolerance, a one-line summary)."""
+    batch = verification_batch(model.config)
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        ref_out = reference(**batch, output_hidden_states=True)
+        our_out = model(**batch, output_hidden_states=True)
+    diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, mask)
+    ok = report("hidden states", diffs, tolerance)
+    summary = [f"hidden states (every layer) {max(diffs):.1e}"]
+    for name in ("pooler_output", "logits", "start_logits", "end_logits"):
+        ref, ours = getattr(ref_out, name, None), getattr(our_out, name, None)
+        if ref is None or ours is None:  # a base model without a pooler, or an output this head has not
+            continue
+        per_token = ours.shape[:2] == batch["input_ids"].shape
+        diff = max_differences((ref,), (ours,), mask if per_token else None)[0]
+        if relative:
+            limit = tolerance * max(1.0, ref.abs().max().item())
+        else:
+            limit = tolerance if name == "pooler_output" else tolerance * 5
+        print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
+        ok = ok and diff <= limit
+        summary.append(f"{name} {diff:.1e}")
+    heads = f"{tolerance:g} x max(1, |output|)" if relative else f"{tolerance * 5:g}"
+    return ok, (f"max |diff| against {type(reference).__name__}: " + ", ".join(summary) +
+                f" (fp32, eager attention, right-padded batch; tolerances {tolerance:g} per layer, {heads} for head "
+                f"outputs).")
+
+
 # ---- BERT-family encoders: one flow for RoBERTa, DistilBERT and ELECTRA ------------------------------------------
 
 
@@ -458,10 +539,7 @@ class EncoderFormat:
     def dropped_keys(self, head: str) -> dict[str, str]:
         """Source key prefixes left out on purpose, with the reason."""
         source_prefix = "" if head == "base" else self.prefix
-        dropped = {
-            source_prefix + "embeddings.position_ids": "a buffer of 0..max_positions-1, recomputed by the model",
-            source_prefix + "embeddings.token_type_ids": "a buffer of zeros, recomputed by the model",
-        }
+        dropped = {source_prefix + key: why for key, why in BUFFERS.items()}
         if head != "base":
             dropped[self.prefix + "pooler."] = "a pooler, which transformers' head models do not build or use"
         else:  # the encoder alone: every task head is left out (a head requested by name is converted strictly)
@@ -473,16 +551,9 @@ class EncoderFormat:
 
     def to_vanilla(self, tensors: dict, source_config: dict, head: str):
         """In memory: source tensors and full config dict -> a vanilla model sharing their storage."""
-        if source_config.get("position_embedding_type", "absolute") != "absolute":
-            raise ConversionError(
-                f"position_embedding_type={source_config['position_embedding_type']!r} (relative positions) has no "
-                f"vanilla equivalent; only absolute (learned) positions convert."
-            )
-        if source_config.get("is_decoder") or source_config.get("add_cross_attention"):
-            raise ConversionError(f"This {self.title} is a decoder (is_decoder/add_cross_attention); only encoders "
-                                  f"convert.")
+        require_encoder(source_config, self.title)
         config = self.vanilla_config(source_config, head)
-        tensors = self._normalise_keys(tensors, head)
+        tensors = normalise_keys(tensors, self.prefix if head == "base" else "")
         for copy, original in self.heads[head].tied.items():
             if copy in tensors and original in tensors and not torch.equal(tensors[copy], tensors[original]):
                 raise ConversionError(
@@ -497,48 +568,12 @@ class EncoderFormat:
         model.config.architectures = [self.heads[head].model_class.__name__]
         return model
 
-    def _normalise_keys(self, tensors: dict, head: str) -> dict:
-        """TF-era LayerNorm `gamma`/`beta` -> `weight`/`bias` (transformers renames them when loading too); a base
-        model read from a head checkpoint loses the head's prefix (`roberta.`), as `from_pretrained` does."""
-        normalised = {}
-        for key, tensor in tensors.items():
-            if key.endswith(".gamma"):
-                key = key.removesuffix(".gamma") + ".weight"
-            elif key.endswith(".beta"):
-                key = key.removesuffix(".beta") + ".bias"
-            normalised[key.removeprefix(self.prefix) if head == "base" else key] = tensor
-        return normalised
-
     def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str, tolerance: float = 1e-5):
         """transformers' model (loaded from the source's `tensors`) and ours on a right-padded batch: every layer's
-        hidden states within `tolerance`, head outputs within 5x `tolerance`, both over real tokens only. Returns
-        (ok, one-line summary)."""
-        from .bert import verification_batch  # imported here: bert.py imports this module
-
+        hidden states within `tolerance`, head outputs within 5x `tolerance` (`compare`). Returns (ok, summary)."""
         reference_class = self.source_class(model_type, head)
         print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
-        reference = reference_model(reference_class, tensors, source_dir)
-        batch = verification_batch(model.config)
-        with torch.no_grad():
-            ref_out = reference(**batch, output_hidden_states=True)
-            our_out = model.float()(**batch, output_hidden_states=True)
-        diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, batch["attention_mask"])
-        ok = report("hidden states", diffs, tolerance)
-        summary = [f"hidden states (every layer) {max(diffs):.1e}"]
-        for name in ("pooler_output", "logits", "start_logits", "end_logits"):
-            ours = getattr(our_out, name, None)
-            if ours is None:
-                continue
-            per_token = ours.shape[:2] == batch["input_ids"].shape
-            mask = batch["attention_mask"] if per_token else None
-            diff = max_differences((getattr(ref_out, name),), (ours,), mask)[0]
-            limit = tolerance if name == "pooler_output" else tolerance * 5
-            print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
-            ok = ok and diff <= limit
-            summary.append(f"{name} {diff:.1e}")
-        return ok, (f"max |diff| against transformers' {reference_class.__name__}: " + ", ".join(summary) +
-                    f" (fp32, eager attention, right-padded batch; tolerances {tolerance:g} per layer, "
-                    f"{tolerance * 5:g} for head outputs).")
+        return compare(reference_model(reference_class, tensors, source_dir), model.float(), tolerance)
 
     def convert(self, source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
                 verify_parity: bool = True, command: str | None = None) -> Path:

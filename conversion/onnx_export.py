@@ -49,6 +49,7 @@ from .common import (
     read_config,
     require_model_type,
     resolve_source,
+    verification_batch,
 )
 
 TOLERANCE = 1e-4  # fp32, ONNX Runtime's kernels against PyTorch's: fused and reordered sums round differently
@@ -146,8 +147,6 @@ def encoder_input_names(config, source_dir: Path | None = None) -> list[str]:
 
 def sample_inputs(config, input_names: list[str], batch_size: int, length: int, seed: int) -> dict:
     """A right-padded batch of random ids (rows of different lengths) with exactly the graph's inputs."""
-    from .bert import verification_batch
-
     batch = verification_batch(config, batch_size, length, seed)
     if "token_type_ids" in input_names and "token_type_ids" not in batch:
         batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])

@@ -21,7 +21,7 @@ import torch
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
-from .bert import ENCODER_TABLE, HEAD_TABLES, check_tied_decoder, dropped_keys, normalise_keys, vanilla_config
+from .bert import ENCODER_TABLE, HEAD_TABLES, check_tied_decoder, dropped_keys, vanilla_config
 from .common import (
     DTYPES,
     TOKENIZER_FILES,
@@ -34,6 +34,7 @@ from .common import (
     load_tensors,
     map_tensors,
     max_differences,
+    normalise_keys,
     read_config,
     reference_model,
     report,
@@ -41,6 +42,7 @@ from .common import (
     require_parity,
     resolve_source,
     save_checkpoint,
+    verification_batch,
     write_model_card,
 )
 
@@ -117,9 +119,9 @@ def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eo
 def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, tie_word_embeddings: bool):
     """`EncoderDecoderModel(BertModel, BertLMHeadModel)` tensors -> our model, without copying them."""
     encoder = normalise_keys({k.removeprefix("encoder."): v for k, v in tensors.items() if k.startswith("encoder.")},
-                             "base")
+                             "bert.")
     decoder = normalise_keys({k.removeprefix("decoder."): v for k, v in tensors.items() if k.startswith("decoder.")},
-                             "masked-lm")
+                             "bert.")
     others = [k for k in tensors if not k.startswith(("encoder.", "decoder."))]
     if tie_word_embeddings:
         try:
@@ -288,7 +290,7 @@ def warm_start_tensors(bert_tensors: dict, bert_config: dict, seed: int) -> tupl
     """The tensors of the `EncoderDecoderModel` that `from_encoder_decoder_pretrained(bert, bert)` builds: BERT as
     the encoder, an own copy of BERT as the decoder, new cross-attention, and the MLM head (new if BERT has none).
     Returns them and whether the LM head came from the source."""
-    bert = normalise_keys(bert_tensors, "masked-lm")
+    bert = normalise_keys(bert_tensors, "bert.")
     if any(".crossattention." in k for k in bert):
         raise ConversionError("The source BERT already has cross-attention: it is half of an encoder-decoder. "
                               "Convert the whole model with `python -m conversion bert2bert`.")
@@ -353,8 +355,6 @@ def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict
     whole model against the `EncoderDecoderModel` holding `tensors`, the same weights (the same fresh
     cross-attention), logits within 5e-5."""
     from transformers import BertConfig, BertModel, EncoderDecoderConfig, EncoderDecoderModel
-
-    from .bert import verification_batch
 
     print("Verifying the encoder against transformers' BertModel (eager attention, padded batch):")
     bert = reference_model(BertModel, bert_tensors, source_dir)
