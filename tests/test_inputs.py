@@ -39,11 +39,11 @@ SENTENCES = [
 ]
 
 
-def encoder(attn="eager", **overrides):
+def encoder(attn="eager", model_class=VanillaEncoderModel, **overrides):
     torch.manual_seed(0)
     fields = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                   max_position_embeddings=P, type_vocab_size=TYPES, attn_implementation=attn)
-    return VanillaEncoderModel(VanillaEncoderConfig(**(fields | overrides))).eval()
+    return model_class(VanillaEncoderConfig(**(fields | overrides))).eval()
 
 
 def seq2seq(attn="eager", **overrides):
@@ -377,10 +377,8 @@ def test_seq2seq_token_type_ids_without_types():
 
 
 def head(model_class, **overrides):
-    torch.manual_seed(0)
-    fields = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                  max_position_embeddings=P, type_vocab_size=TYPES, num_labels=3)
-    return model_class(VanillaEncoderConfig(**(fields | overrides))).eval()
+    """The tiny encoder under a task head, with three labels unless told otherwise."""
+    return encoder(model_class=model_class, **({"num_labels": 3} | overrides))
 
 
 LABEL_CASES = [  # model, label shape, number of classes, the config field that sets it
