@@ -325,12 +325,15 @@ def seconds_reported_by(code: str, *args) -> float:
     return float(out.stdout.split()[-1])
 
 
+def timed(statement: str) -> str:
+    """Code that runs `statement` and prints how long it took."""
+    return f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+
+
 # What any tool built on transformers' models pays before doing anything: torch, then transformers' PreTrainedModel.
-IMPORT_FLOOR = ("import time; t = time.perf_counter(); import torch; from transformers import PreTrainedModel; "
-                "print(time.perf_counter() - t)")
+IMPORT_FLOOR = timed("import torch; from transformers import PreTrainedModel")
 # Everything `python -m conversion bert` imports before converting (the floor included).
-IMPORT_CONVERTER = ("import time; t = time.perf_counter(); import hf_vanilla, conversion.bert; "
-                    "print(time.perf_counter() - t)")
+IMPORT_CONVERTER = timed("import hf_vanilla, conversion.bert")
 # The conversion itself, once everything above is imported.
 CONVERT_IN_PROCESS = (
     "import sys, time; import conversion.bert; t = time.perf_counter(); "
