@@ -1,7 +1,8 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762),
 written to be read, and loadable with BERT's weights.
 
-Contents, in the paper's order:
+Contents, in the paper's order, after one building block:
+    0. Linear layer ....... nn.Linear, with a faster CPU kernel for inference
     1. Embeddings ......... token + position (+ segment) embeddings                        (sections 3.4, 3.5)
     2. Attention .......... scaled dot-product attention, multi-head attention            (section 3.2)
     3. Feed-forward ....... the position-wise network                                     (section 3.3)
@@ -47,6 +48,57 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+
+# ----------------------------------------------------------------------------------------------------------------
+# 0. Linear layer: every projection in the model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _is_tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# Below about half a million weights (768 x 768), oneDNN's fixed cost per call (~12 us against MKL's ~3) outweighs
+# what its faster kernel saves.
+_ONEDNN_MIN_WEIGHTS = 2**19
+
+
+def _runs_on_onednn(x, weight) -> bool:
+    """Whether `VanillaLinear` may hand this product to oneDNN: a large float32 weight on the CPU, outside autograd
+    (oneDNN's op has no backward), autocast, tracing and export, with plain tensors (not quantized or sharded ones)."""
+    return (
+        _ONEDNN
+        and weight.numel() >= _ONEDNN_MIN_WEIGHTS
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and type(x) is torch.Tensor
+        and type(weight) in (nn.Parameter, torch.Tensor)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and not torch.is_autocast_enabled("cpu")
+        and not _is_tracing()
+    )
+
+
+class VanillaLinear(nn.Linear):
+    """nn.Linear: y = x W^T + b, with W stored (out_features, in_features) as in every BERT checkpoint.
+
+    One difference: CPU float32 inference on a large weight runs oneDNN's matmul instead of the BLAS call behind
+    `F.linear` (MKL's sgemm on x86 builds of torch). The same product of the same weights in another kernel, which
+    differs only in the order it sums (outputs within ~1e-6). It matters because MKL is slow on the skinny products
+    of small requests and generation: measured on this project's CPU (2 cores, AVX-512), oneDNN is 1.2-3x faster
+    at 1-16 rows and 1.04-1.3x at 512-1024 (docs/performance.md). Everything else (training, GPUs, other dtypes,
+    tracing, quantized weights) takes nn.Linear's own path. As a subclass it stays an nn.Linear to everything that
+    looks for one: PEFT, bitsandbytes, torchao, Accelerate's hooks.
+    """
+
+    def forward(self, x):
+        if _runs_on_onednn(x, self.weight):
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return super().forward(x)
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Embeddings (sections 3.4 and 3.5)
@@ -95,7 +147,7 @@ class VanillaEmbeddings(nn.Module):
         self.scale = math.sqrt(width) if config.scale_embeddings else None
         self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.projection = nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
+        self.projection = VanillaLinear(width, config.hidden_size) if width != config.hidden_size else None
 
     def forward(self, input_ids, position_ids, token_type_ids=None, inputs_embeds=None):
         """input_ids, position_ids, token_type_ids: (B, T), or (N,) when packed. Returns (..., E)."""
@@ -187,10 +239,10 @@ class VanillaAttention(nn.Module):
         self.head_dim = config.hidden_size // num_heads
         self.scaling = self.head_dim**-0.5  # the 1/sqrt(D) of equation 1
         self.dropout = config.attention_probs_dropout_prob
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)  # W^Q for all heads: (E, H*D)
-        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)  # W^K
-        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)  # W^V
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)  # W^O
+        self.q_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^Q for all heads: (E, H*D)
+        self.k_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^K
+        self.v_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^V
+        self.o_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^O
 
     def forward(self, hidden_states, key_value_states=None, attention_mask=None, past_key_values=None, seq_lens=None):
         """hidden_states: (B, T, E), or (N, E) packed with `seq_lens` (the length of each sequence, summing to N).
@@ -267,9 +319,9 @@ class VanillaFeedForward(nn.Module):
 
     def __init__(self, config, intermediate_size: int):
         super().__init__()
-        self.up_proj = nn.Linear(config.hidden_size, intermediate_size)  # W1: (E, F)
+        self.up_proj = VanillaLinear(config.hidden_size, intermediate_size)  # W1: (E, F)
         self.act = ACT2FN[config.hidden_act]
-        self.down_proj = nn.Linear(intermediate_size, config.hidden_size)  # W2: (F, E)
+        self.down_proj = VanillaLinear(intermediate_size, config.hidden_size)  # W2: (F, E)
 
     def forward(self, hidden_states):
         return self.down_proj(self.act(self.up_proj(hidden_states)))
@@ -361,10 +413,6 @@ def additive_mask(mask, dtype):
     allowed = mask.bool()
     allowed = allowed | ~allowed.any(-1, keepdim=True)  # (..., S): fully masked rows become fully open
     return (~allowed).to(dtype) * torch.finfo(dtype).min
-
-
-def _is_tracing() -> bool:
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
 def _has_padding(mask) -> bool:
@@ -699,11 +747,11 @@ class VanillaLMHead(nn.Module):
     def __init__(self, config, transform: bool):
         super().__init__()
         if transform:
-            self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+            self.dense = VanillaLinear(config.hidden_size, config.embedding_size)
             self.act = ACT2FN[config.hidden_act]
             self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.transform = transform
-        self.decoder = nn.Linear(config.embedding_size if transform else config.hidden_size, config.vocab_size)
+        self.decoder = VanillaLinear(config.embedding_size if transform else config.hidden_size, config.vocab_size)
 
     def forward(self, hidden_states):
         if self.transform:
@@ -723,7 +771,7 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.encoder = VanillaStack(config)
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.use_pooler else None
+        self.pooler = VanillaLinear(config.hidden_size, config.hidden_size) if config.use_pooler else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -794,7 +842,7 @@ class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
         self.num_labels = config.num_labels
         self.model = VanillaEncoderModel(config)
         self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
@@ -851,7 +899,7 @@ class VanillaEncoderForTokenClassification(VanillaPreTrainedModel):
         self.num_labels = config.num_labels
         self.model = VanillaEncoderModel(config)
         self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
@@ -878,7 +926,7 @@ class VanillaEncoderForQuestionAnswering(VanillaPreTrainedModel):
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.model = VanillaEncoderModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
@@ -908,9 +956,9 @@ class VanillaReplacedTokenHead(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = VanillaLinear(config.hidden_size, config.hidden_size)
         self.act = ACT2FN[config.hidden_act]
-        self.prediction = nn.Linear(config.hidden_size, 1)
+        self.prediction = VanillaLinear(config.hidden_size, 1)
 
     def forward(self, hidden_states):
         return self.prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (..., 1) -> (...)

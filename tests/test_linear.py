@@ -1,0 +1,101 @@
+"""`VanillaLinear`: nn.Linear, whose CPU float32 inference on large weights runs oneDNN's matmul (issue 7).
+
+The kernel is chosen per call. Where oneDNN runs, the output must equal nn.Linear's within 1e-5; everywhere else
+(autograd, autocast, small weights, other dtypes, tracing) nn.Linear's own path must run, bit for bit.
+The model-level proof is the bert-base parity tests (tests/test_encoder_parity.py): their 768-wide projections and
+30522-word output layer run here, under `no_grad`, at 1e-5 from transformers' BERT.
+"""
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.profiler import profile
+
+from hf_vanilla.modeling_vanilla import _ONEDNN, VanillaLinear
+
+TOLERANCE = 1e-5  # float32, absolute
+ONEDNN_OP = "mkldnn::_linear_pointwise"
+
+pytestmark = pytest.mark.skipif(not _ONEDNN, reason="this torch build has no oneDNN")
+
+
+def layer(in_features=768, out_features=3072, bias=True):
+    torch.manual_seed(0)
+    linear = VanillaLinear(in_features, out_features, bias=bias)
+    torch.nn.init.normal_(linear.weight, std=0.02)  # BERT's initialiser: outputs of order 1
+    return linear
+
+
+def ops_of(run):
+    with profile() as prof:
+        output = run()
+    return output, {event.key for event in prof.key_averages()}
+
+
+@pytest.mark.parametrize("shape", [(16, 768), (2, 9, 768), (1, 768), (0, 768)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_runs_inference_and_matches_nn_linear(shape, bias):
+    linear = layer(bias=bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        output, ops = ops_of(lambda: linear(x))
+        expected = F.linear(x, linear.weight, linear.bias)
+    assert ONEDNN_OP in ops
+    assert output.shape == expected.shape == (*shape[:-1], 3072)
+    torch.testing.assert_close(output, expected, rtol=0, atol=TOLERANCE)
+
+
+def test_transposed_input_and_tied_weight():
+    """A non-contiguous input, and a weight shared with an embedding (the tied output layer), as in the models."""
+    embedding = torch.nn.Embedding(30522, 768)
+    torch.nn.init.normal_(embedding.weight, std=0.02)
+    linear = VanillaLinear(768, 30522)
+    linear.weight = embedding.weight
+    x = torch.randn(768, 8).t()
+    with torch.no_grad():
+        output, ops = ops_of(lambda: linear(x))
+    assert ONEDNN_OP in ops
+    torch.testing.assert_close(output, F.linear(x, embedding.weight, linear.bias), rtol=0, atol=TOLERANCE)
+
+
+def autocast(linear, x):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return linear(x)
+
+
+def traced(linear, x):
+    """What the TorchScript-based ONNX export records: the graph must hold aten::linear."""
+    with torch.no_grad():
+        graph = torch.jit.trace(linear, x, check_trace=False)
+    assert "aten::linear" in str(graph.graph) and "mkldnn" not in str(graph.graph)
+    return graph(x)
+
+
+@pytest.mark.parametrize(
+    "case, run",
+    [
+        ("autograd", lambda linear, x: linear(x)),
+        ("autocast", autocast),
+        ("small weight", lambda linear, x: VanillaLinear(64, 64)(x[:, :64])),
+        ("bfloat16", lambda linear, x: linear.bfloat16()(x.bfloat16())),
+        ("tracing (ONNX export)", traced),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_everything_else_takes_nn_linears_own_path(case, run):
+    linear, x = layer(), torch.randn(4, 768)
+    output, ops = ops_of(lambda: run(linear, x))
+    assert ONEDNN_OP not in ops, case
+    reference = torch.nn.Linear(linear.in_features, linear.out_features, dtype=linear.weight.dtype)
+    reference.load_state_dict(linear.state_dict())
+    if case == "autograd":
+        output.sum().backward()
+        torch.nn.functional.linear(x, reference.weight, reference.bias).sum().backward()
+        assert torch.equal(linear.weight.grad, reference.weight.grad)
+        assert torch.equal(linear.bias.grad, reference.bias.grad)
+    elif case == "autocast":
+        assert output.dtype == torch.bfloat16
+    elif case == "bfloat16":
+        assert torch.equal(output, reference(x.bfloat16()))
+    elif case == "tracing (ONNX export)":
+        assert torch.equal(output, reference(x))
