@@ -23,8 +23,8 @@ nothing on padding against one that computes every padded position at the same c
 
 Where the time goes (second table; --no-profile skips it): ours' matrix products replayed alone (the "floor",
 timed in the same rounds, with the same kernels), BERT's time over that floor (what ours would reach if everything
-but its matrix products were free), and a torch.profiler split of one to three calls per side into matrix products, attention kernels, other ops, and
-the rest of the wall time (Python and dispatch between ops).
+but its matrix products were free), and a torch.profiler split of one to three calls per side into matrix
+products, attention kernels, other ops, and the rest of the wall time (Python and dispatch between ops).
 """
 
 import argparse
