@@ -84,6 +84,7 @@ class VanillaLinear(nn.Linear):
         if (
             _ONEDNN
             and self.in_features * self.out_features >= _ONEDNN_MIN_WEIGHTS
+            and torch.backends.mkldnn.enabled  # users may turn oneDNN off: torch.backends.mkldnn.flags(enabled=False)
             and x.dtype == torch.float32
             and weight.dtype == torch.float32
             and x.is_cpu

@@ -45,6 +45,12 @@ def test_onednn_runs_inference_and_matches_nn_linear(shape, bias):
     torch.testing.assert_close(output, expected, rtol=0, atol=TOLERANCE)
 
 
+def test_onednn_is_deterministic():
+    linear, x = layer(), torch.randn(37, 768)
+    with torch.inference_mode():
+        assert torch.equal(linear(x), linear(x))
+
+
 def test_transposed_input_and_tied_weight():
     """A non-contiguous input, and a weight shared with an embedding (the tied output layer), as in the models."""
     embedding = torch.nn.Embedding(30522, 768)
@@ -60,6 +66,11 @@ def test_transposed_input_and_tied_weight():
 
 def autocast(linear, x):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return linear(x)
+
+
+def onednn_off(linear, x):
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
         return linear(x)
 
 
@@ -79,6 +90,7 @@ def traced(linear, x):
         ("small weight", lambda linear, x: VanillaLinear(64, 64)(x[:, :64])),
         ("bfloat16", lambda linear, x: linear.bfloat16()(x.bfloat16())),
         ("tracing (ONNX export)", traced),
+        ("oneDNN turned off", onednn_off),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -97,5 +109,5 @@ def test_everything_else_takes_nn_linears_own_path(case, run):
         assert output.dtype == torch.bfloat16
     elif case == "bfloat16":
         assert torch.equal(output, reference(x.bfloat16()))
-    elif case == "tracing (ONNX export)":
+    elif case in ("tracing (ONNX export)", "oneDNN turned off"):
         assert torch.equal(output, reference(x))
