@@ -25,6 +25,7 @@ epsilon 1e-12, a pooler), the config switches it; the comments say why.
 
 import itertools
 import math
+import platform
 
 import torch
 from torch import nn
@@ -58,7 +59,12 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# x86-64 only: where torch's float32 products otherwise go to MKL, the comparison measured (docs/performance.md).
+_ONEDNN = (
+    platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+)
 # Below this many weights, oneDNN's fixed cost per call (~12 us, against MKL's ~3) outweighs what it saves. Measured in
 # the models here: MiniLM's 384 x 384 projections gain, a 32-wide model loses, 256 x 256 is even.
 _ONEDNN_MIN_WEIGHTS = 2**17
