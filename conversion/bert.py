@@ -54,7 +54,7 @@ from .common import (
     require_parity,
     resolve_source,
     save_checkpoint,
-    write_model_card,
+    write_conversion,
 )
 from .common import verification_batch  # noqa: F401  (public here: tests, benchmarks and examples import it)
 
@@ -228,6 +228,7 @@ def check_tied_decoder(tensors: dict) -> None:
 def verify(source_dir: Path, tensors: dict, model, head: str, tolerance: float = 1e-5) -> tuple[bool, str]:
     """Run transformers' BERT (eager attention, loaded from the source's `tensors`) and ours on a padded two-segment
     batch; print per-layer max |diff|. Head outputs are compared relative to their magnitude (`compare`)."""
+    print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
     reference = reference_model(getattr(transformers, HEADS[head].bert), tensors, source_dir)
     return compare(reference, model.float(), tolerance, relative=True)
 
@@ -241,18 +242,14 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
     head = head_for(bert_config, head)
     tensors = load_tensors(source_dir)
     check_finite(tensors)
-    with atomic_output(output, force) as staging:
-        model = bert_to_vanilla(tensors, bert_config, head)
-        check_tokenizer(source_dir, model.config.vocab_size)
-        parity = "Not verified (--no-verify)."
-        if verify_parity:
-            print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
-            ok, parity = verify(source_dir, tensors, model, head)
-            require_parity(ok, parity)
-        save_checkpoint(model, staging, source_dir, dtype)
-        write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,
-                         command or f"python -m conversion bert --source {source} --output {output}", parity)
-    return Path(output)
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: bert_to_vanilla(tensors, bert_config, head),
+        verify=(lambda model: verify(source_dir, tensors, model, head)) if verify_parity else None,
+        save=lambda model, directory: save_checkpoint(model, directory, source_dir, dtype),
+        title=f"{Path(source).name} as a vanilla encoder",
+        command=command or f"python -m conversion bert --source {source} --output {output}",
+    )
 
 
 def vanilla_checkpoint(source: str | None, output: str | Path, head: str) -> Path:

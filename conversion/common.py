@@ -290,6 +290,24 @@ def atomic_output(output: str | Path, force: bool):
         staging.rename(output)
 
 
+def write_conversion(output: str, force: bool, source: str, source_dir: Path, build, verify, save, title: str,
+                     command: str, notes: str = "") -> Path:
+    """How every source -> vanilla converter ends, inside `atomic_output` (so nothing is written unless every step
+    passes): `build()` the model, check the source's tokenizer against its vocabulary, `verify(model)` -> (ok,
+    summary) unless `verify` is None (--no-verify), `save(model, directory)`, and a model card that records
+    `command`, the parity summary and `notes`."""
+    with atomic_output(output, force) as staging:
+        model = build()
+        check_tokenizer(source_dir, model.config.vocab_size)
+        parity = "Not verified (--no-verify)."
+        if verify is not None:
+            ok, parity = verify(model)
+            require_parity(ok, parity)
+        save(model, staging)
+        write_model_card(staging, title, source, command, f"{parity}\n\n{notes}".strip())
+    return Path(output)
+
+
 def save_checkpoint(model, directory: Path, source_dir: Path | None, dtype: str = "float32") -> None:
     """Save weights (safetensors), config with a full `auto_map`, our code files for `trust_remote_code`, and
     the source's tokenizer and sentence-transformers files."""
@@ -591,18 +609,16 @@ class EncoderFormat:
         head = self.head_for(source_config, head)
         tensors = load_tensors(source_dir)
         check_finite(tensors)
-        with atomic_output(output, force) as staging:
-            model = self.to_vanilla(tensors, source_config, head)
-            check_tokenizer(source_dir, model.config.vocab_size)
-            parity = "Not verified (--no-verify)."
-            if verify_parity:
-                ok, parity = self.verify(source_dir, tensors, model, head, source_config["model_type"])
-                require_parity(ok, parity)
-            save_checkpoint(model, staging, source_dir, dtype)
-            write_model_card(staging, f"{Path(source).name} as a vanilla encoder", source,
-                             command or f"python -m conversion {self.name} --source {source} --output {output}",
-                             f"{parity}\n\n{self.limitations}".strip())
-        return Path(output)
+        model_type = source_config["model_type"]
+        return write_conversion(
+            output, force, source, source_dir,
+            build=lambda: self.to_vanilla(tensors, source_config, head),
+            verify=(lambda model: self.verify(source_dir, tensors, model, head, model_type)) if verify_parity else None,
+            save=lambda model, directory: save_checkpoint(model, directory, source_dir, dtype),
+            title=f"{Path(source).name} as a vanilla encoder",
+            command=command or f"python -m conversion {self.name} --source {source} --output {output}",
+            notes=self.limitations,
+        )
 
     # ---- vanilla -> source ----
 

@@ -26,10 +26,8 @@ from .common import (
     DTYPES,
     TOKENIZER_FILES,
     ConversionError,
-    atomic_output,
     build_model,
     check_finite,
-    check_tokenizer,
     expand_table,
     load_tensors,
     map_tensors,
@@ -39,11 +37,10 @@ from .common import (
     reference_model,
     report,
     require_model_type,
-    require_parity,
     resolve_source,
     save_checkpoint,
     verification_batch,
-    write_model_card,
+    write_conversion,
 )
 
 LOGITS_TOLERANCE = 5e-5  # fp32, whole model: the sum of every layer's rounding
@@ -210,23 +207,16 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
                                   # One shared matrix needs the output tied too; else equal copies serve as well.
                                   share_embeddings=tie_encoder_decoder
                                   and config["decoder"].get("tie_word_embeddings", True))
-    with atomic_output(output, force) as staging:
-        model = bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings)
-        check_tokenizer(source_dir, model.config.vocab_size)
-        set_generation_config(model, source_dir, ids)
-        parity = "Not verified (--no-verify)."
-        if verify_parity:
-            from transformers import EncoderDecoderModel
-
-            # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
-            reference = reference_model(EncoderDecoderModel, tensors, source_dir)
-            print("Verifying against transformers' EncoderDecoderModel (eager attention, padded batches):")
-            ok, parity = verify_seq2seq(reference, model, with_token_types=True)
-            require_parity(ok, parity)
-        save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer")
-        write_model_card(staging, f"{Path(source).name} as a vanilla encoder-decoder", source,
-                         command or f"python -m conversion bert2bert --source {source} --output {output}", parity)
-    return Path(output)
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: with_generation_config(
+            bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings), source_dir, ids),
+        # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
+        verify=verifier("EncoderDecoderModel", tensors, source_dir, with_token_types=True) if verify_parity else None,
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BertTokenizer"),
+        title=f"{Path(source).name} as a vanilla encoder-decoder",
+        command=command or f"python -m conversion bert2bert --source {source} --output {output}",
+    )
 
 
 # ---- warm-start -------------------------------------------------------------------------------------------------
@@ -333,20 +323,18 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
     pad = bert_config.get("pad_token_id", 0)
     config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
     ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
-    with atomic_output(output, force) as staging:
-        model = bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True)
-        check_tokenizer(source_dir, model.config.vocab_size)
-        set_generation_config(model, None, ids)
-        parity = "Not verified (--no-verify)."
-        if verify_parity:
-            ok, parity = verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config, decoder_config,
-                                           ids)
-            require_parity(ok, parity)
-        save_seq2seq(model, staging, source_dir, dtype, "BertTokenizer", copy_generation_config=False)
-        write_model_card(staging, f"bert2bert warm-started from {Path(source).name}", source,
-                         command or f"python -m conversion warm-start --source {source} --output {output}",
-                         parity + "\n\nCross-attention is freshly initialised: fine-tune before use.")
-    return Path(output)
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: with_generation_config(
+            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids),
+        verify=(lambda model: verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config,
+                                                decoder_config, ids)) if verify_parity else None,
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BertTokenizer",
+                                                   copy_generation_config=False),
+        title=f"bert2bert warm-started from {Path(source).name}",
+        command=command or f"python -m conversion warm-start --source {source} --output {output}",
+        notes="Cross-attention is freshly initialised: fine-tune before use.",
+    )
 
 
 def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict, encoder_config: dict,
@@ -525,36 +513,29 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
     ids = generation_ids(source_dir, marian)
     tensors = load_tensors(source_dir)
     check_finite(tensors)
-    with atomic_output(output, force) as staging:
-        model = marian_to_vanilla(tensors, marian)
-        check_tokenizer(source_dir, model.config.vocab_size)
-        set_generation_config(model, source_dir, ids)
-        parity = "Not verified (--no-verify)."
-        if verify_parity:
-            from transformers import MarianMTModel
-
-            reference = reference_model(MarianMTModel, tensors, source_dir)
-            print("Verifying against transformers' MarianMTModel (eager attention, padded batches):")
-            ok, parity = verify_seq2seq(reference, model, with_token_types=False)
-            require_parity(ok, parity)
-        save_seq2seq(model, staging, source_dir, dtype, "MarianTokenizer")
-        write_model_card(staging, f"{Path(source).name} as a vanilla encoder-decoder", source,
-                         command or f"python -m conversion marian --source {source} --output {output}", parity)
-    return Path(output)
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: with_generation_config(marian_to_vanilla(tensors, marian), source_dir, ids),
+        verify=verifier("MarianMTModel", tensors, source_dir, with_token_types=False) if verify_parity else None,
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "MarianTokenizer"),
+        title=f"{Path(source).name} as a vanilla encoder-decoder",
+        command=command or f"python -m conversion marian --source {source} --output {output}",
+    )
 
 
 # ---- shared: generation config, saving, verification ------------------------------------------------------------
 
 
-def set_generation_config(model, source_dir: Path | None, ids: dict) -> None:
-    """The source's generation config whole (forced_eos_token_id, bad_words_ids, num_beams... all change what
-    `generate` returns); without one, the special ids alone."""
+def with_generation_config(model, source_dir: Path | None, ids: dict):
+    """`model`, given the source's generation config whole (forced_eos_token_id, bad_words_ids, num_beams... all
+    change what `generate` returns); without one, the special ids alone."""
     from transformers import GenerationConfig
 
     if source_dir is not None and (source_dir / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(source_dir)
     else:
         model.generation_config = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+    return model
 
 
 def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, tokenizer_class: str,
@@ -577,6 +558,20 @@ def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, tokenizer
             path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     if copy_generation_config and (source_dir / "generation_config.json").is_file():
         shutil.copy2(source_dir / "generation_config.json", directory / "generation_config.json")
+
+
+def verifier(reference_class: str, tensors: dict, source_dir: Path, with_token_types: bool):
+    """`verify` for `write_conversion`: transformers' `reference_class`, holding the source's `tensors`, against ours
+    (`verify_seq2seq`)."""
+
+    def verify(model) -> tuple[bool, str]:
+        import transformers
+
+        reference = reference_model(getattr(transformers, reference_class), tensors, source_dir)
+        print(f"Verifying against transformers' {reference_class} (eager attention, padded batches):")
+        return verify_seq2seq(reference, model, with_token_types)
+
+    return verify
 
 
 def source_batch(config, batch_size: int = 3, length: int = 12, seed: int = 0, low: int = 5) -> dict:
