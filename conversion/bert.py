@@ -39,7 +39,6 @@ from .common import (
     ConversionError,
     atomic_output,
     build_model,
-    check_finite,
     check_tokenizer,
     compare,
     copy_side_files,
@@ -241,7 +240,6 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
     require_model_type(bert_config, ("bert",), "bert", source_dir)
     head = head_for(bert_config, head)
     tensors = load_tensors(source_dir)
-    check_finite(tensors)
     return write_conversion(
         output, force, source, source_dir,
         build=lambda: bert_to_vanilla(tensors, bert_config, head),
@@ -338,7 +336,6 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
         raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
     head = vanilla_head(config, source_dir)
     tensors = load_tensors(source_dir)
-    check_finite(tensors)
     bert = vanilla_to_bert(tensors, config, head)
     check_tokenizer(source_dir, bert.config.vocab_size)
     if dtype is not None:

@@ -77,8 +77,17 @@ def require_model_type(config: dict, expected: tuple[str, ...], converter: str, 
 
 
 def load_tensors(source_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, sharded or not. Safetensors first; a pickle (`.bin`) only through
-    `torch.load(weights_only=True)`, which refuses anything but tensors: a checkpoint never runs code here."""
+    """Every tensor of the checkpoint, sharded or not, refused if any holds NaN or Inf (named in the error)."""
+    tensors = _read_tensors(source_dir)
+    bad = [name for name, tensor in tensors.items() if not all_finite(tensor)]
+    if bad:
+        raise ConversionError(f"The source weights contain NaN or Inf in {len(bad)} tensors: {bad[:10]}.")
+    return tensors
+
+
+def _read_tensors(source_dir: Path) -> dict[str, torch.Tensor]:
+    """Safetensors first; a pickle (`.bin`) only through `torch.load(weights_only=True)`, which refuses anything but
+    tensors: a checkpoint never runs code here."""
     index = source_dir / "model.safetensors.index.json"
     single = source_dir / "model.safetensors"
     if index.is_file() or single.is_file():
@@ -112,12 +121,6 @@ def load_tensors(source_dir: Path) -> dict[str, torch.Tensor]:
 
 def _shards(index: Path) -> list[str]:
     return sorted(set(json.loads(index.read_text())["weight_map"].values()))
-
-
-def check_finite(tensors: dict[str, torch.Tensor]) -> None:
-    bad = [name for name, t in tensors.items() if not all_finite(t)]
-    if bad:
-        raise ConversionError(f"The source weights contain NaN or Inf in {len(bad)} tensors: {bad[:10]}.")
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -608,7 +611,6 @@ class EncoderFormat:
             raise ConversionError(f"{source_dir}/config.json is not a valid {self.title} config: {error}") from None
         head = self.head_for(source_config, head)
         tensors = load_tensors(source_dir)
-        check_finite(tensors)
         model_type = source_config["model_type"]
         return write_conversion(
             output, force, source, source_dir,

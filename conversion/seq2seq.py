@@ -27,7 +27,6 @@ from .common import (
     TOKENIZER_FILES,
     ConversionError,
     build_model,
-    check_finite,
     expand_table,
     load_tensors,
     map_tensors,
@@ -197,7 +196,6 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
     config = read_bert2bert_config(source_dir)
     ids = generation_ids(source_dir, config)
     tensors = load_tensors(source_dir)
-    check_finite(tensors)
     tie_encoder_decoder = bool(config.get("tie_encoder_decoder", False))
     filled = fill_tied_decoder(tensors) if tie_encoder_decoder else []
     if filled:
@@ -312,7 +310,6 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
     require_model_type(bert_config, ("bert",), "warm-start", source_dir)
     start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
     bert_tensors = load_tensors(source_dir)
-    check_finite(bert_tensors)
     tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
     print("Decoder LM head: " + ("BERT's masked-LM head." if has_head else
           "the source has no masked-LM head: transform freshly initialised, output bias zero, output weights tied to "
@@ -512,7 +509,6 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
     require_model_type(marian, ("marian",), "marian", source_dir)
     ids = generation_ids(source_dir, marian)
     tensors = load_tensors(source_dir)
-    check_finite(tensors)
     return write_conversion(
         output, force, source, source_dir,
         build=lambda: with_generation_config(marian_to_vanilla(tensors, marian), source_dir, ids),

@@ -325,6 +325,22 @@ def test_sequence_classification_heads_are_refused_but_their_encoder_converts(fm
     assert transformers.AutoConfig.from_pretrained(tmp_path / "out").architectures == ["VanillaEncoderModel"]
 
 
+def test_nan_weights_are_refused_on_the_way_back(converted, tmp_path):
+    """to-roberta (and every to-FORMAT) reads its source through the same checked loader as the forward converters."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    source = tmp_path / "vanilla"
+    shutil.copytree(converted("roberta-base")[1], source)
+    tensors = load_file(source / "model.safetensors")
+    tensors["encoder.layers.1.ffn.up_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    status, message = cli("to-roberta", "--source", source, "--output", tmp_path / "out")
+    assert status == 2 and "NaN or Inf in 1 tensors: ['encoder.layers.1.ffn.up_proj.weight']" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_and_untied_tensors_are_refused(converted, tmp_path):
     from safetensors.torch import save_file
 
