@@ -1,10 +1,12 @@
 """ONNX export (`python -m conversion onnx`): an encoder head and the encoder-decoder, run on ONNX Runtime.
 
-Small random models keep it quick; each export still costs ~15 s on a 2-core CPU, so each graph is exported once
-per module and shared. What is checked:
+Small random models keep it quick (an export takes a few seconds on a 2-core CPU); the classifier and the
+encoder-decoder are exported once per module and shared. What is checked:
 - text-classification: the CLI writes the graph, config and tokenizer; the graph's inputs are named as the
   tokenizer names them, so tokenizer output feeds it directly; outputs match PyTorch on padded batches of shapes
   other than the traced one (batch 1 included); a graph that does not match the model is refused, leaving nothing.
+- feature-extraction (pre-LN, sinusoids, no token types), fill-mask, token-classification, question-answering: the
+  task follows `architectures`, and every graph output matches PyTorch at the real tokens of a padded batch.
 - seq2seq: the encoder and decoder-step graphs have the documented signature, and the greedy loop of
   examples/onnx_greedy_decode.py on ONNX Runtime produces exactly `generate()`'s tokens, rows ending early included.
 """
@@ -28,7 +30,11 @@ from conversion import onnx_export  # noqa: E402
 from conversion.__main__ import main  # noqa: E402
 from hf_vanilla import (  # noqa: E402
     VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForQuestionAnswering,
     VanillaEncoderForSequenceClassification,
+    VanillaEncoderForTokenClassification,
+    VanillaEncoderModel,
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
 )
@@ -125,6 +131,50 @@ def test_onnx_refuses_existing_output_and_missing_head(classifier, tmp_path, cap
         assert f"no {task!r} head" in capsys.readouterr().err
     assert main(["onnx", "--source", str(source), "--output", str(tmp_path / "x"), "--task", "seq2seq"]) == 2
     assert not (tmp_path / "x").exists()
+
+
+# ---- every other encoder task -------------------------------------------------------------------------------------
+
+# task -> (model class, config overrides); feature extraction also covers pre-LN, sinusoids and no token types.
+ENCODER_TASKS = {
+    "feature-extraction": (VanillaEncoderModel, {"pre_norm": True, "position_embedding_type": "sinusoidal",
+                                                 "type_vocab_size": 0}),
+    "fill-mask": (VanillaEncoderForMaskedLM, {}),
+    "token-classification": (VanillaEncoderForTokenClassification, {"num_labels": 5}),
+    "question-answering": (VanillaEncoderForQuestionAnswering, {}),
+}
+
+
+@pytest.mark.parametrize("task", ENCODER_TASKS)
+def test_every_encoder_task_matches_pytorch_at_real_tokens(task, tmp_path, minilm_path):
+    """The task follows the checkpoint's `architectures`; each graph output equals PyTorch's at the real tokens of a
+    padded tokenizer batch, within 1e-5 x max(1, |output|) (padding positions carry no meaning in either)."""
+    model_class, overrides = ENCODER_TASKS[task]
+    torch.manual_seed(0)
+    config = VanillaEncoderConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  initializer_range=0.3, **overrides)
+    model = model_class(config).eval()
+    model.save_pretrained(tmp_path / "vanilla")
+    for name in TOKENIZER_FILES:
+        shutil.copy2(Path(minilm_path) / name, tmp_path / "vanilla" / name)
+    assert main(["onnx", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "onnx")]) == 0
+
+    graph = session(tmp_path / "onnx" / "model.onnx")
+    input_names = [i.name for i in graph.get_inputs()]
+    assert input_names == ["input_ids", "attention_mask"] + (["token_type_ids"] if config.type_vocab_size else [])
+    encoded = AutoTokenizer.from_pretrained(tmp_path / "onnx")(TEXTS, padding=True, return_tensors="np")
+    inputs = {name: encoded[name] for name in input_names}
+    real = inputs["attention_mask"].astype(bool)  # (B, T)
+    assert not real.all()
+    with torch.no_grad():
+        reference = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+    outputs = graph.run(None, inputs)
+    assert [o.name for o in graph.get_outputs()] == list(onnx_export.TASKS[task][1])
+    for name, ours in zip(onnx_export.TASKS[task][1], outputs, strict=True):
+        expected = reference[name].numpy()
+        assert ours.shape == expected.shape
+        scale = max(1.0, float(np.abs(expected[real]).max()))
+        np.testing.assert_allclose(ours[real], expected[real], atol=1e-5 * scale, rtol=0, err_msg=name)
 
 
 # ---- the encoder-decoder ----------------------------------------------------------------------------------------
