@@ -86,7 +86,7 @@ class VanillaLinear(nn.Linear):
     """
 
     def forward(self, x):
-        weight = self.weight
+        weight, bias = self.weight, self.bias
         if (
             _ONEDNN
             and self.in_features * self.out_features >= _ONEDNN_MIN_WEIGHTS
@@ -97,12 +97,14 @@ class VanillaLinear(nn.Linear):
             and weight.is_cpu
             and type(x) is torch.Tensor
             and type(weight) in (nn.Parameter, torch.Tensor)
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            # no autograd through it: the op has no backward (a trainable bias alone counts, as in BitFit)
+            and not (torch.is_grad_enabled()
+                     and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
             and not torch.is_autocast_enabled("cpu")
             and not _is_tracing()
         ):
-            return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
-        return nn.functional.linear(x, weight, self.bias)
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return nn.functional.linear(x, weight, bias)
 
 
 # ----------------------------------------------------------------------------------------------------------------

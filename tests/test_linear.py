@@ -74,6 +74,12 @@ def onednn_off(linear, x):
         return linear(x)
 
 
+def bias_alone(linear, x):
+    """Training the biases of a frozen model (BitFit): the input and the weight need no gradient, the bias does."""
+    linear.weight.requires_grad_(False)
+    return linear(x)
+
+
 def traced(linear, x):
     """What the TorchScript-based ONNX export records: the graph must hold aten::linear."""
     with torch.no_grad():
@@ -86,6 +92,7 @@ def traced(linear, x):
     "case, run",
     [
         ("autograd", lambda linear, x: linear(x)),
+        ("autograd, bias alone", bias_alone),
         ("autocast", autocast),
         ("small weight", lambda linear, x: VanillaLinear(64, 64)(x[:, :64])),
         ("bfloat16", lambda linear, x: linear.bfloat16()(x.bfloat16())),
@@ -100,11 +107,16 @@ def test_everything_else_takes_nn_linears_own_path(case, run):
     assert ONEDNN_OP not in ops, case
     reference = torch.nn.Linear(linear.in_features, linear.out_features, dtype=linear.weight.dtype)
     reference.load_state_dict(linear.state_dict())
-    if case == "autograd":
+    if case.startswith("autograd"):  # the gradients nn.Linear gives, of every parameter that asks for one
+        reference.requires_grad_(False)
+        for ours, theirs in zip(linear.parameters(), reference.parameters(), strict=True):
+            theirs.requires_grad_(ours.requires_grad)
         output.sum().backward()
-        torch.nn.functional.linear(x, reference.weight, reference.bias).sum().backward()
-        assert torch.equal(linear.weight.grad, reference.weight.grad)
-        assert torch.equal(linear.bias.grad, reference.bias.grad)
+        reference(x).sum().backward()
+        for ours, theirs in zip(linear.parameters(), reference.parameters(), strict=True):
+            assert (ours.grad is None) == (theirs.grad is None)
+            assert ours.grad is None or torch.equal(ours.grad, theirs.grad)
+        assert linear.bias.grad is not None
     elif case == "autocast":
         assert output.dtype == torch.bfloat16
     elif case == "bfloat16":
