@@ -59,6 +59,12 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
+def _is_transformed() -> bool:
+    """Inside a torch.func transform (vmap, grad, jvp) or forward-mode AD, which see through nn.Linear's own kernel
+    but not through oneDNN's op (under `no_grad`, jvp's tangents would silently come out zero)."""
+    return torch._C._functorch.maybe_current_level() is not None or torch.autograd.forward_ad._current_level >= 0
+
+
 # x86-64 only: where torch's float32 products otherwise go to MKL, the comparison measured (docs/performance.md).
 _ONEDNN = (
     platform.machine().lower() in ("x86_64", "amd64")
@@ -78,8 +84,8 @@ class VanillaLinear(nn.Linear):
     differs only in the order it sums (outputs within ~1e-6). It matters because MKL is slow on the skinny products
     of small requests and generation: measured on this project's CPU (2 cores, AVX-512), oneDNN is 1.2-3x faster
     at 1-16 rows and 1.04-1.3x at 512-1024 (docs/performance.md). Everything else takes nn.Linear's own path:
-    training (oneDNN's op has no backward), autocast, GPUs, other dtypes, tracing and export (graphs keep
-    aten::linear), and tensor subclasses (quantized or sharded weights). As a subclass it stays an nn.Linear to
+    training (oneDNN's op has no backward), torch.func transforms and forward-mode AD, autocast, GPUs, other
+    dtypes, tracing and export (graphs keep aten::linear), and tensor subclasses (quantized or sharded weights). As a subclass it stays an nn.Linear to
     everything that looks for one: PEFT, bitsandbytes, torchao, Accelerate's hooks.
 
     The test runs on every call, so it is written out inline: in a 16-token request its cost shows.
@@ -102,6 +108,7 @@ class VanillaLinear(nn.Linear):
                      and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
             and not torch.is_autocast_enabled("cpu")
             and not _is_tracing()
+            and not _is_transformed()
         ):
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         return nn.functional.linear(x, weight, bias)

@@ -1,7 +1,8 @@
 """`VanillaLinear`: nn.Linear, whose CPU float32 inference on large weights runs oneDNN's matmul (issue 7).
 
 The kernel is chosen per call. Where oneDNN runs, the output must equal nn.Linear's within 1e-5; everywhere else
-(autograd, autocast, small weights, other dtypes, tracing) nn.Linear's own path must run, bit for bit.
+(autograd, torch.func transforms and forward-mode AD, autocast, small weights, other dtypes, tracing) nn.Linear's
+own path must run, bit for bit.
 The model-level proof is the bert-base parity tests (tests/test_encoder_parity.py): their 768-wide projections and
 30522-word output layer run here, under `no_grad`, at 1e-5 from transformers' BERT.
 """
@@ -80,6 +81,20 @@ def bias_alone(linear, x):
     return linear(x)
 
 
+def forward_mode(linear, x):
+    """A Jacobian-vector product under no_grad: the tangent must be nn.Linear's, not silently zero."""
+    tangent = torch.randn_like(x)
+    with torch.no_grad():
+        output, jvp = torch.func.jvp(linear, (x,), (tangent,))
+    torch.testing.assert_close(jvp, F.linear(tangent, linear.weight), rtol=0, atol=TOLERANCE)
+    return output
+
+
+def vmapped(linear, x):
+    with torch.no_grad():
+        return torch.func.vmap(linear)(x)
+
+
 def traced(linear, x):
     """What the TorchScript-based ONNX export records: the graph must hold aten::linear."""
     with torch.no_grad():
@@ -94,6 +109,8 @@ def traced(linear, x):
         ("autograd", lambda linear, x: linear(x)),
         ("autograd, bias alone", bias_alone),
         ("autocast", autocast),
+        ("forward-mode AD (jvp)", forward_mode),
+        ("vmap", vmapped),
         ("small weight", lambda linear, x: VanillaLinear(64, 64)(x[:, :64])),
         ("bfloat16", lambda linear, x: linear.bfloat16()(x.bfloat16())),
         ("tracing (ONNX export)", traced),
@@ -121,5 +138,7 @@ def test_everything_else_takes_nn_linears_own_path(case, run):
         assert output.dtype == torch.bfloat16
     elif case == "bfloat16":
         assert torch.equal(output, reference(x.bfloat16()))
-    elif case in ("tracing (ONNX export)", "oneDNN turned off"):
+    elif case == "vmap":
+        assert torch.equal(output, vmapped(reference, x))
+    elif case in ("tracing (ONNX export)", "oneDNN turned off", "forward-mode AD (jvp)"):
         assert torch.equal(output, reference(x))
