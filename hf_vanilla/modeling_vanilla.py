@@ -102,6 +102,7 @@ class VanillaLinear(nn.Linear):
             and x.is_cpu
             and weight.is_cpu
             and type(x) is torch.Tensor
+            and not x.is_nested  # torch.nested's strided layout is a plain Tensor too
             and type(weight) in (nn.Parameter, torch.Tensor)
             # no autograd through it: the op has no backward (a trainable bias alone counts, as in BitFit)
             and not (torch.is_grad_enabled()

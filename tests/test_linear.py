@@ -52,6 +52,18 @@ def test_onednn_is_deterministic():
         assert torch.equal(linear(x), linear(x))
 
 
+def test_nested_input_takes_nn_linears_own_path():
+    """torch.nested's strided tensors are plain Tensors that oneDNN's op refuses; F.linear takes them."""
+    linear = layer()
+    x = torch.nested.nested_tensor([torch.randn(3, 768), torch.randn(5, 768)])
+    with torch.no_grad():
+        output, ops = ops_of(lambda: linear(x))
+        expected = F.linear(x, linear.weight, linear.bias)
+    assert ONEDNN_OP not in ops
+    for ours, theirs in zip(output.unbind(), expected.unbind(), strict=True):
+        assert torch.equal(ours, theirs)
+
+
 def test_transposed_input_and_tied_weight():
     """A non-contiguous input, and a weight shared with an embedding (the tied output layer), as in the models."""
     embedding = torch.nn.Embedding(30522, 768)
