@@ -52,6 +52,7 @@ def test_onednn_is_deterministic():
         assert torch.equal(linear(x), linear(x))
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_nested_input_takes_nn_linears_own_path():
     """torch.nested's strided tensors are plain Tensors that oneDNN's op refuses; F.linear takes them."""
     linear = layer()
