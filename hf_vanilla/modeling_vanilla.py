@@ -85,8 +85,9 @@ class VanillaLinear(nn.Linear):
     of small requests and generation: measured on this project's CPU (2 cores, AVX-512), oneDNN is 1.2-3x faster
     at 1-16 rows and 1.04-1.3x at 512-1024 (docs/performance.md). Everything else takes nn.Linear's own path:
     training (oneDNN's op has no backward), torch.func transforms and forward-mode AD, autocast, GPUs, other
-    dtypes, tracing and export (graphs keep aten::linear), and tensor subclasses (quantized or sharded weights). As a subclass it stays an nn.Linear to
-    everything that looks for one: PEFT, bitsandbytes, torchao, Accelerate's hooks.
+    dtypes, nested inputs, tracing and export (graphs keep aten::linear), and tensor subclasses (quantized or
+    sharded weights). As a subclass it stays an nn.Linear to everything that looks for one: PEFT, bitsandbytes,
+    torchao, Accelerate's hooks.
 
     The test runs on every call, so it is written out inline: in a 16-token request its cost shows.
     """
