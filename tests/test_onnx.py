@@ -59,22 +59,26 @@ def load_example():
 # ---- an encoder head: text-classification -----------------------------------------------------------------------
 
 
-def make_classifier(directory: Path, minilm_path, seed: int) -> Path:
-    """A small random classifier with the bert-base-uncased vocabulary; larger weights so that logits spread."""
+def make_encoder(directory: Path, minilm_path, seed: int, model_class=VanillaEncoderForSequenceClassification,
+                 **overrides):
+    """A small random `model_class` (a 3-label classifier unless told otherwise) with the bert-base-uncased
+    vocabulary, saved in `directory`; larger weights so that outputs spread. Returns the model."""
     torch.manual_seed(seed)
     config = VanillaEncoderConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                  num_labels=3, initializer_range=0.3)
-    VanillaEncoderForSequenceClassification(config).eval().save_pretrained(directory)
+                                  initializer_range=0.3, **({"num_labels": 3} | overrides))
+    model = model_class(config).eval()
+    model.save_pretrained(directory)
     for name in TOKENIZER_FILES:
         shutil.copy2(Path(minilm_path) / name, directory / name)
-    return directory
+    return model
 
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, minilm_path):
     """(source checkpoint, ONNX directory, CLI exit status, CLI output), exported once through the CLI."""
     root = tmp_path_factory.mktemp("onnx_classifier")
-    source = make_classifier(root / "vanilla", minilm_path, seed=0)
+    source = root / "vanilla"
+    make_encoder(source, minilm_path, seed=0)
     output = root / "onnx"
     status = main(["onnx", "--source", str(source), "--output", str(output)])  # --task auto: text-classification
     return source, output, status
@@ -112,7 +116,8 @@ def test_classifier_onnx_matches_pytorch_on_tokenizer_output(classifier, texts):
 def test_onnx_refuses_a_graph_that_does_not_match_the_model(classifier, tmp_path, minilm_path, monkeypatch):
     """The verification is real: a graph traced from other weights is caught, exit status 2, nothing written."""
     _, exported, _ = classifier
-    other = make_classifier(tmp_path / "other", minilm_path, seed=1)
+    other = tmp_path / "other"
+    make_encoder(other, minilm_path, seed=1)
     monkeypatch.setattr(onnx_export, "export_encoder",
                         lambda model, path, *args: shutil.copy2(exported / "model.onnx", path))
     output = tmp_path / "onnx"
@@ -133,7 +138,7 @@ def test_onnx_refuses_existing_output_and_missing_head(classifier, tmp_path, cap
     assert not (tmp_path / "x").exists()
 
 
-# ---- every other encoder task -------------------------------------------------------------------------------------
+# ---- every other encoder task --------------------------------------------------------------------------------------
 
 # task -> (model class, config overrides); feature extraction also covers pre-LN, sinusoids and no token types.
 ENCODER_TASKS = {
@@ -150,18 +155,12 @@ def test_every_encoder_task_matches_pytorch_at_real_tokens(task, tmp_path, minil
     """The task follows the checkpoint's `architectures`; each graph output equals PyTorch's at the real tokens of a
     padded tokenizer batch, within 1e-5 x max(1, |output|) (padding positions carry no meaning in either)."""
     model_class, overrides = ENCODER_TASKS[task]
-    torch.manual_seed(0)
-    config = VanillaEncoderConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                  initializer_range=0.3, **overrides)
-    model = model_class(config).eval()
-    model.save_pretrained(tmp_path / "vanilla")
-    for name in TOKENIZER_FILES:
-        shutil.copy2(Path(minilm_path) / name, tmp_path / "vanilla" / name)
+    model = make_encoder(tmp_path / "vanilla", minilm_path, 0, model_class, **overrides)
     assert main(["onnx", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "onnx")]) == 0
 
     graph = session(tmp_path / "onnx" / "model.onnx")
     input_names = [i.name for i in graph.get_inputs()]
-    assert input_names == ["input_ids", "attention_mask"] + (["token_type_ids"] if config.type_vocab_size else [])
+    assert input_names == ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.type_vocab_size else [])
     encoded = AutoTokenizer.from_pretrained(tmp_path / "onnx")(TEXTS, padding=True, return_tensors="np")
     inputs = {name: encoded[name] for name in input_names}
     real = inputs["attention_mask"].astype(bool)  # (B, T)
