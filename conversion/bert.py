@@ -17,7 +17,11 @@ import transformers
 from huggingface_hub.errors import StrictDataclassError
 from transformers import (
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForNextSentencePrediction,
+    AutoModelForPreTraining,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -26,7 +30,11 @@ from transformers import (
 
 from hf_vanilla import (
     VanillaEncoderConfig,
+    VanillaEncoderForCausalLM,
     VanillaEncoderForMaskedLM,
+    VanillaEncoderForMultipleChoice,
+    VanillaEncoderForNextSentencePrediction,
+    VanillaEncoderForPreTraining,
     VanillaEncoderForQuestionAnswering,
     VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification,
@@ -77,14 +85,20 @@ ENCODER_TABLE = [
 # Head modules, outside the base model. BERT keeps its MLM output bias as `cls.predictions.bias`; its decoder
 # `cls.predictions.decoder` is tied to the word embeddings (weight) and to that bias, so checkpoints may or may not
 # store it: `check_tied_decoder` checks and drops it on the way in, and transformers re-ties it on the way out.
+MLM_TABLE = [
+    ("cls.predictions.transform.dense", "lm_head.dense"),
+    ("cls.predictions.transform.LayerNorm", "lm_head.norm"),
+    ("cls.predictions", "lm_head.decoder"),
+]
+NSP_TABLE = [("cls.seq_relationship", "seq_relationship")]
 HEAD_TABLES = {
     "base": [],
-    "masked-lm": [
-        ("cls.predictions.transform.dense", "lm_head.dense"),
-        ("cls.predictions.transform.LayerNorm", "lm_head.norm"),
-        ("cls.predictions", "lm_head.decoder"),
-    ],
+    "masked-lm": MLM_TABLE,
+    "causal-lm": MLM_TABLE,  # BertLMHeadModel: the MLM head, reading a causal stack
+    "pretraining": MLM_TABLE + NSP_TABLE,
+    "next-sentence-prediction": NSP_TABLE,
     "sequence-classification": [("classifier", "classifier")],
+    "multiple-choice": [("classifier", "classifier")],
     "token-classification": [("classifier", "classifier")],
     "question-answering": [("qa_outputs", "qa_outputs")],
 }
@@ -94,12 +108,17 @@ class Head(NamedTuple):
     ours: type  # our model class
     bert: str  # transformers' BERT class, by name
     auto: type  # the Auto class that loads either
-    bert_has_pooler: bool  # whether transformers' BERT class builds a pooler
+    has_pooler: bool  # whether the head reads a pooler (then both BERT's class and ours build one)
 
 
 HEADS = {
     "base": Head(VanillaEncoderModel, "BertModel", AutoModel, True),
     "masked-lm": Head(VanillaEncoderForMaskedLM, "BertForMaskedLM", AutoModelForMaskedLM, False),
+    "causal-lm": Head(VanillaEncoderForCausalLM, "BertLMHeadModel", AutoModelForCausalLM, False),
+    "pretraining": Head(VanillaEncoderForPreTraining, "BertForPreTraining", AutoModelForPreTraining, True),
+    "next-sentence-prediction": Head(VanillaEncoderForNextSentencePrediction, "BertForNextSentencePrediction",
+                                     AutoModelForNextSentencePrediction, True),
+    "multiple-choice": Head(VanillaEncoderForMultipleChoice, "BertForMultipleChoice", AutoModelForMultipleChoice, True),
     "sequence-classification": Head(VanillaEncoderForSequenceClassification, "BertForSequenceClassification",
                                     AutoModelForSequenceClassification, True),
     "token-classification": Head(VanillaEncoderForTokenClassification, "BertForTokenClassification",
@@ -107,14 +126,19 @@ HEADS = {
     "question-answering": Head(VanillaEncoderForQuestionAnswering, "BertForQuestionAnswering",
                                AutoModelForQuestionAnswering, False),
 }
-ARCHITECTURE_HEADS = {head.bert: name for name, head in HEADS.items()} | {"BertForPreTraining": "masked-lm"}
+ARCHITECTURE_HEADS = {head.bert: name for name, head in HEADS.items()}
+
+
+def has_lm_head(head: str) -> bool:
+    """Whether the head predicts tokens through BERT's MLM head, whose decoder is the (tied) word embeddings."""
+    return bool(HEAD_TABLES[head]) and HEAD_TABLES[head][0] == MLM_TABLE[0]
 
 # BertConfig fields that carry over unchanged, in both directions.
 SHARED_FIELDS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
     "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
     "layer_norm_eps", "initializer_range", "pad_token_id", "classifier_dropout", "id2label", "label2id",
-    "problem_type",
+    "problem_type", "is_decoder",
 )
 
 # Our config fields with no BERT equivalent, and the one value of each that BERT computes.
@@ -130,10 +154,15 @@ BERT_ONLY_VALUES = {
 # ---- BERT -> vanilla --------------------------------------------------------------------------------------------
 
 
-def head_for(bert_config: dict, requested: str) -> str:
+def head_for(bert_config: dict, requested: str, tensors: dict) -> str:
+    """The head to build: as requested, else as the source's `architectures` says. bert-base-uncased and its kin
+    call themselves BertForMaskedLM but store BERT's whole pre-training model (pooler and next-sentence head too):
+    those convert to the pre-training head, so that nothing they hold is thrown away."""
     if requested != "auto":
         return requested
     architectures = bert_config.get("architectures") or ["BertModel"]
+    if architectures[0] == "BertForMaskedLM" and any(key.endswith("cls.seq_relationship.weight") for key in tensors):
+        return "pretraining"
     if architectures[0] not in ARCHITECTURE_HEADS:
         raise ConversionError(
             f"No vanilla head matches the source architecture {architectures[0]!r}; pass --head with one of "
@@ -144,7 +173,7 @@ def head_for(bert_config: dict, requested: str) -> str:
 
 def vanilla_config(bert_config: dict) -> VanillaEncoderConfig:
     require_encoder(bert_config, "BERT", "convert an encoder-decoder with `python -m conversion bert2bert`, or "
-                                         "warm-start one from an encoder with `warm-start`.")
+                                         "warm-start one from an encoder with `warm-start`.", causal=True)
     fields = {k: bert_config[k] for k in SHARED_FIELDS if k in bert_config}
     try:
         return VanillaEncoderConfig(**fields)
@@ -156,7 +185,8 @@ def key_table(config: VanillaEncoderConfig, head: str, bert_prefix: str = "") ->
     """BERT module -> our module, for every module of `head`. Source keys are read after `normalise_keys` (no
     `bert.` prefix); `bert_prefix="bert."` gives the keys transformers' BERT head classes save."""
     ours_prefix = "" if head == "base" else "model."
-    encoder = expand_table(ENCODER_TABLE, config.num_hidden_layers)
+    rows = [row for row in ENCODER_TABLE if HEADS[head].has_pooler or row[0] != "pooler.dense"]
+    encoder = expand_table(rows, config.num_hidden_layers)
     table = {bert_prefix + bert: ours_prefix + ours for bert, ours in encoder.items()}
     table.update(expand_table(HEAD_TABLES[head], 0))
     return table
@@ -165,6 +195,9 @@ def key_table(config: VanillaEncoderConfig, head: str, bert_prefix: str = "") ->
 def dropped_keys(head: str, tensors: dict) -> dict[str, str]:
     """Source keys that are left out on purpose, with the reason."""
     dropped = BUFFERS | {"cls.seq_relationship": "the next-sentence-prediction head, which has no vanilla counterpart"}
+    if not HEADS[head].has_pooler:
+        dropped["pooler."] = f"the pooler, which {HEADS[head].bert} and ours do not build: the {head} head never reads it"
+
     for other, table in HEAD_TABLES.items():
         for bert, _ in table:
             module = bert.split(".")[0] + "."  # cls., classifier., qa_outputs.
@@ -179,7 +212,7 @@ def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     normalised = normalise_keys(tensors, "bert.")
     checkpoint_names = dict(zip(normalised, tensors))  # for messages: the names the user's checkpoint has
     tensors = normalised
-    if head == "masked-lm":
+    if has_lm_head(head):
         check_tied_decoder(tensors)
     if "pooler.dense.weight" not in tensors and head != "sequence-classification":
         # BertModel(add_pooling_layer=False), and BertForMaskedLM/TokenClassification/QuestionAnswering, which
@@ -189,6 +222,8 @@ def bert_to_vanilla(tensors: dict, bert_config: dict, head: str):
     table = key_table(config, head)
     mapped, unknown = map_tensors(tensors, table, dropped_keys(head, tensors))
     unknown = [checkpoint_names.get(key, key) for key in unknown]
+    if head == "causal-lm":
+        config.is_decoder = True  # BertLMHeadModel's self-attention is masked to the past
     model = build_model(HEADS[head].ours, config, mapped, unknown, source_namer(table, checkpoint_names))
     model.config.architectures = [HEADS[head].ours.__name__]
     return model
@@ -228,7 +263,10 @@ def verify(source_dir: Path, tensors: dict, model, head: str, tolerance: float =
     """Run transformers' BERT (eager attention, loaded from the source's `tensors`) and ours on a padded two-segment
     batch; print per-layer max |diff|. Head outputs are compared relative to their magnitude (`compare`)."""
     print(f"Verifying against transformers' {HEADS[head].bert} (eager attention, padded batch):")
-    reference = reference_model(getattr(transformers, HEADS[head].bert), tensors, source_dir)
+    bert_class = getattr(transformers, HEADS[head].bert)
+    # is_decoder follows ours: BertLMHeadModel masks its self-attention to the past only when the config says so.
+    config = bert_class.config_class.from_pretrained(source_dir, is_decoder=model.config.is_decoder)
+    reference = reference_model(bert_class, tensors, source_dir, config=config)
     return compare(reference, model.float(), tolerance, relative=True)
 
 
@@ -238,8 +276,8 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
     source_dir = resolve_source(source)
     bert_config = read_config(source_dir)
     require_model_type(bert_config, ("bert",), "bert", source_dir)
-    head = head_for(bert_config, head)
     tensors = load_tensors(source_dir)
+    head = head_for(bert_config, head, tensors)
     return write_conversion(
         output, force, source, source_dir,
         build=lambda: bert_to_vanilla(tensors, bert_config, head),
@@ -274,10 +312,10 @@ def bert_config_for(config: VanillaEncoderConfig, head: str) -> BertConfig:
         refusals.append(f"embedding_size={config.embedding_size} (BERT embeds at hidden_size={config.hidden_size})")
     if config.type_vocab_size == 0:
         refusals.append("type_vocab_size=0 (BERT always adds a token type embedding; needs >= 1)")
-    if head == "masked-lm" and not config.tie_word_embeddings:
+    if has_lm_head(head) and not config.tie_word_embeddings:
         refusals.append("tie_word_embeddings=False (BERT's MLM decoder is the word embedding matrix; needs True)")
-    if head == "sequence-classification" and not config.use_pooler:
-        refusals.append("use_pooler=False (BERT classifies sequences from its pooler; needs True)")
+    if HEADS[head].has_pooler and head != "base" and not config.use_pooler:
+        refusals.append(f"use_pooler=False ({HEADS[head].bert} reads its pooler; needs True)")
     if refusals:
         raise ConversionError("This model cannot be expressed as BERT:\n  " + "\n  ".join(refusals))
     fields = {k: getattr(config, k) for k in SHARED_FIELDS}
@@ -291,17 +329,15 @@ def vanilla_to_bert(tensors: dict, config: VanillaEncoderConfig, head: str):
     if head == "base" and not config.use_pooler:
         bert_class = partial(bert_class, add_pooling_layer=False)
     tensors = dict(tensors)
-    if head == "masked-lm":
+    if has_lm_head(head):
         decoder = tensors.pop("lm_head.decoder.weight", None)  # tied, so normally not saved
         embeddings = tensors.get("model.encoder.embeddings.word_embeddings.weight")  # if missing, reported below
         if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):
             raise ConversionError("lm_head.decoder.weight differs from the word embeddings; BERT's MLM head ties them.")
     table = {ours: bert for bert, ours in key_table(config, head, "" if head == "base" else "bert.").items()}
     dropped = {}
-    if config.use_pooler and not HEADS[head].bert_has_pooler:
-        del table["model.pooler"]
+    if not HEADS[head].has_pooler:  # checkpoints converted before heads stopped building an unread pooler have one
         dropped["model.pooler."] = f"{HEADS[head].bert} has no pooler"
-        print(f"Note: the pooler is dropped: {HEADS[head].bert} has none (a BertModel would keep it).")
     mapped, unknown = map_tensors(tensors, table, dropped)
     return build_model(bert_class, bert_config, mapped, unknown, source_namer(table))
 

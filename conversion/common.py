@@ -164,14 +164,16 @@ def check_tokenizer(source_dir: Path, vocab_size: int) -> None:
 # ---- mapping keys -----------------------------------------------------------------------------------------------
 
 
-def require_encoder(source_config: dict, title: str, decoder_hint: str = "only encoders convert.") -> None:
-    """Refuse what a vanilla encoder cannot compute: relative positions, and decoders."""
+def require_encoder(source_config: dict, title: str, decoder_hint: str = "only encoders convert.",
+                    causal: bool = False) -> None:
+    """Refuse what a vanilla encoder cannot compute: relative positions, cross-attention, and (unless the format
+    carries `is_decoder` over, `causal`) a stack masked to the past."""
     if source_config.get("position_embedding_type", "absolute") != "absolute":
         raise ConversionError(
             f"position_embedding_type={source_config['position_embedding_type']!r} (relative positions) has no "
             f"vanilla equivalent; only absolute (learned) positions convert."
         )
-    if source_config.get("is_decoder") or source_config.get("add_cross_attention"):
+    if source_config.get("add_cross_attention") or (source_config.get("is_decoder") and not causal):
         raise ConversionError(f"This {title} is a decoder (is_decoder/add_cross_attention); {decoder_hint}")
 
 
@@ -425,17 +427,20 @@ def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -
     float32 keeps about 7 significant digits of them. Returns (all within tolerance, a one-line summary)."""
     batch = verification_batch(model.config)
     mask = batch["attention_mask"]
+    if type(model).__name__.endswith("ForMultipleChoice"):  # one question, whose choices are the batch's rows
+        batch = {name: tensor[None] for name, tensor in batch.items()}  # (1, C, T)
     with torch.no_grad():
         ref_out = reference(**batch, output_hidden_states=True)
         our_out = model(**batch, output_hidden_states=True)
     diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, mask)
     ok = report("hidden states", diffs, tolerance)
     summary = [f"hidden states (every layer) {max(diffs):.1e}"]
-    for name in ("pooler_output", "logits", "start_logits", "end_logits"):
+    for name in ("pooler_output", "logits", "prediction_logits", "seq_relationship_logits", "start_logits",
+                 "end_logits"):
         ref, ours = getattr(ref_out, name, None), getattr(our_out, name, None)
         if ref is None or ours is None:  # a base model without a pooler, or an output this head has not
             continue
-        per_token = ours.shape[:2] == batch["input_ids"].shape
+        per_token = ours.shape[:2] == mask.shape
         diff = max_differences((ref,), (ours,), mask if per_token else None)[0]
         if relative:
             limit = tolerance * max(1.0, ref.abs().max().item())

@@ -7,7 +7,10 @@ loads with `AutoModel.from_pretrained(path)` without `trust_remote_code`.
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForNextSentencePrediction,
     AutoModelForPreTraining,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
@@ -17,7 +20,13 @@ from transformers import (
 
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .modeling_vanilla import (
+    VanillaDecoderForCausalLM,
+    VanillaDecoderModel,
+    VanillaEncoderForCausalLM,
     VanillaEncoderForMaskedLM,
+    VanillaEncoderForMultipleChoice,
+    VanillaEncoderForNextSentencePrediction,
+    VanillaEncoderForPreTraining,
     VanillaEncoderForQuestionAnswering,
     VanillaEncoderForReplacedTokenDetection,
     VanillaEncoderForSequenceClassification,
@@ -25,24 +34,34 @@ from .modeling_vanilla import (
     VanillaEncoderModel,
     VanillaPreTrainedModel,
     VanillaSeq2SeqForConditionalGeneration,
+    VanillaSeq2SeqForQuestionAnswering,
+    VanillaSeq2SeqForSequenceClassification,
     VanillaSeq2SeqModel,
 )
 from .pipelines import Seq2SeqGenerationPipeline  # noqa: F401  (importing registers "seq2seq-generation")
 
-# Which Auto class loads which model: also the `auto_map` written next to remote-code checkpoints.
+# Which Auto class loads which model: also the `auto_map` written next to remote-code checkpoints. Each mirrors
+# transformers' BERT (encoder) and BART (encoder-decoder, and its decoder alone as AutoModelForCausalLM).
+# ELECTRA's discriminator (VanillaEncoderForReplacedTokenDetection) has no Auto class of its own here:
+# AutoModelForPreTraining is BERT's pre-training model; load it with its class.
 AUTO_CLASSES = {
     VanillaEncoderConfig: {
         AutoModel: VanillaEncoderModel,
+        AutoModelForPreTraining: VanillaEncoderForPreTraining,
         AutoModelForMaskedLM: VanillaEncoderForMaskedLM,
+        AutoModelForCausalLM: VanillaEncoderForCausalLM,
+        AutoModelForNextSentencePrediction: VanillaEncoderForNextSentencePrediction,
         AutoModelForSequenceClassification: VanillaEncoderForSequenceClassification,
+        AutoModelForMultipleChoice: VanillaEncoderForMultipleChoice,
         AutoModelForTokenClassification: VanillaEncoderForTokenClassification,
         AutoModelForQuestionAnswering: VanillaEncoderForQuestionAnswering,
-        # ELECTRA's discriminator: transformers loads ElectraForPreTraining through this Auto class too.
-        AutoModelForPreTraining: VanillaEncoderForReplacedTokenDetection,
     },
     VanillaSeq2SeqConfig: {
         AutoModel: VanillaSeq2SeqModel,
         AutoModelForSeq2SeqLM: VanillaSeq2SeqForConditionalGeneration,
+        AutoModelForSequenceClassification: VanillaSeq2SeqForSequenceClassification,
+        AutoModelForQuestionAnswering: VanillaSeq2SeqForQuestionAnswering,
+        AutoModelForCausalLM: VanillaDecoderForCausalLM,
     },
 }
 
@@ -63,11 +82,19 @@ __all__ = [
     "VanillaSeq2SeqConfig",
     "VanillaPreTrainedModel",
     "VanillaEncoderModel",
+    "VanillaEncoderForPreTraining",
     "VanillaEncoderForMaskedLM",
+    "VanillaEncoderForCausalLM",
+    "VanillaEncoderForNextSentencePrediction",
     "VanillaEncoderForSequenceClassification",
+    "VanillaEncoderForMultipleChoice",
     "VanillaEncoderForTokenClassification",
     "VanillaEncoderForQuestionAnswering",
     "VanillaEncoderForReplacedTokenDetection",
     "VanillaSeq2SeqModel",
     "VanillaSeq2SeqForConditionalGeneration",
+    "VanillaSeq2SeqForSequenceClassification",
+    "VanillaSeq2SeqForQuestionAnswering",
+    "VanillaDecoderModel",
+    "VanillaDecoderForCausalLM",
 ]

@@ -48,6 +48,8 @@ class _VanillaConfig(PretrainedConfig):
         pre_norm: normalise each sub-layer's input (pre-LN) instead of its residual sum (post-LN: BERT, the paper).
         pad_token_id: the padding id; its embedding gets no gradient.
         tie_word_embeddings: share the output projection with the input embeddings (section 3.4).
+        is_decoder: mask self-attention to the past (a causal language model's stack).
+        use_cache: keep keys and values between generation steps (causal models).
     """
 
     attribute_map: ClassVar[dict[str, str]] = {
@@ -78,6 +80,8 @@ class _VanillaConfig(PretrainedConfig):
     pre_norm: bool = False
     pad_token_id: int | None = 0
     tie_word_embeddings: bool = True
+    is_decoder: bool = False
+    use_cache: bool = True
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -166,8 +170,8 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
         share_encoder_decoder_embeddings: one token embedding matrix for source and target (section 3.4); a
             warm-started bert2bert keeps two. Needs `tie_word_embeddings`, which transformers' tying follows.
         lm_head_transform: apply BERT's dense + activation + LayerNorm before the output projection (bert2bert).
-        bos_token_id, eos_token_id, decoder_start_token_id: special ids used by `generate`.
-        use_cache: keep decoder keys and values between generation steps.
+        bos_token_id, eos_token_id, decoder_start_token_id: special ids used by `generate`; the sequence
+            classification head reads the decoder state at the last `eos_token_id`.
     """
 
     model_type = "vanilla_seq2seq"
@@ -197,7 +201,6 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
     eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 1
     is_encoder_decoder: bool = True
-    use_cache: bool = True
 
     def __post_init__(self, **kwargs):
         # Resolve the decoder's sizes now: a `None` here would be copied over the main fields by

@@ -1,120 +1,62 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, https://arxiv.org/abs/1706.03762),
 written to be read, and loadable with BERT's weights.
 
-Contents, in the paper's order, after one building block:
-    0. Linear layer ....... nn.Linear, with a faster CPU kernel for inference
+Contents, in the paper's order:
     1. Embeddings ......... token + position (+ segment) embeddings                        (sections 3.4, 3.5)
     2. Attention .......... scaled dot-product attention, multi-head attention            (section 3.2)
     3. Feed-forward ....... the position-wise network                                     (section 3.3)
     4. Layers ............. encoder layer; decoder layer = encoder layer + cross-attention (section 3.1)
-    5. Stack .............. embeddings + N layers, masks, and the padding-free fast path
-    6. Models ............. the BERT-style encoder and its heads; the encoder-decoder
+    5. Stack .............. masks, then embeddings + N layers                              (sections 3.1, 3.2.3)
+    6. Models ............. the BERT-style encoder and its heads; the encoder-decoder and its heads; the decoder
+                            alone as a causal language model
 
 Shape key, used in every comment:
     B batch size     T query length     S key/value length     N real (non-padding) tokens in a batch
     H heads          D head size (E/H)  E model width          F feed-forward width     V vocabulary size
 
-Masks: callers pass Hugging Face's `attention_mask` (B, S) of 1 = token, 0 = padding. It is converted once, at the
-stack's boundary, into an additive mask (B, 1, 1|T, S) of 0 (attend) and the dtype's minimum (do not attend), the
-one convention used inside. A query with no key to attend to (a row that is all padding) attends to every key
-instead of producing NaN (see `additive_mask`).
+Masks: callers pass Hugging Face's `attention_mask` (B, S) of 1 = token, 0 = padding (or a 4-D mask, as
+transformers builds them). It is converted once, at the stack's boundary, into an additive mask (B, 1, T|1, S) of
+0 (attend) and the dtype's minimum (do not attend), the one convention used inside.
 
 Where BERT departs from the paper (GELU, learned positions, segment embeddings, LayerNorm on the embeddings,
-epsilon 1e-12, a pooler), the config switches it; the comments say why.
+epsilon 1e-12, a pooler), the config switches it; the comments say why. The machinery that makes this fast and safe
+lives beside this file, one call each: `kernels.py` (which matmul kernel runs a projection), `packing.py` (padded
+batches run without their padding) and `validation.py` (bad input refused before any kernel runs).
 """
 
-import itertools
+import copy
 import math
-import platform
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
-    BaseModelOutputWithPooling,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
     MaskedLMOutput,
+    ModelOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
     QuestionAnsweringModelOutput,
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
+    Seq2SeqQuestionAnsweringModelOutput,
+    Seq2SeqSequenceClassifierOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import ModelOutput
 
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
-
-# ----------------------------------------------------------------------------------------------------------------
-# 0. Linear layer: every projection in the model
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _is_tracing() -> bool:
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
-
-
-def _is_transformed() -> bool:
-    """Inside a torch.func transform (vmap, grad, jvp) or forward-mode AD, which see through nn.Linear's own kernel
-    but not through oneDNN's op (under `no_grad`, jvp's tangents would silently come out zero)."""
-    return torch._C._functorch.maybe_current_level() is not None or torch.autograd.forward_ad._current_level >= 0
-
-
-# x86-64 only: where torch's float32 products otherwise go to MKL, the comparison measured (docs/performance.md).
-_ONEDNN = (
-    platform.machine().lower() in ("x86_64", "amd64")
-    and torch.backends.mkldnn.is_available()
-    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-)
-# Below this many weights, oneDNN's fixed cost per call (~12 us, against MKL's ~3) outweighs what it saves. Measured in
-# the models here: MiniLM's 384 x 384 projections gain, a 32-wide model loses, 256 x 256 is even.
-_ONEDNN_MIN_WEIGHTS = 2**17
-
-
-class VanillaLinear(nn.Linear):
-    """nn.Linear: y = x W^T + b, with W stored (out_features, in_features) as in every BERT checkpoint.
-
-    One difference: CPU float32 inference on a large weight runs oneDNN's matmul instead of the BLAS call behind
-    `F.linear` (MKL's sgemm on x86 builds of torch). The same product of the same weights in another kernel, which
-    differs only in the order it sums (outputs within ~1e-6). It matters because MKL is slow on the skinny products
-    of small requests and generation: measured on this project's CPU (2 cores, AVX-512), oneDNN is 1.2-3x faster
-    at 1-16 rows and 1.04-1.3x at 512-1024 (docs/performance.md). Everything else takes nn.Linear's own path:
-    training (oneDNN's op has no backward), torch.func transforms and forward-mode AD, autocast, GPUs, other
-    dtypes, nested inputs, tracing and export (graphs keep aten::linear), and tensor subclasses (quantized or
-    sharded weights). As a subclass it stays an nn.Linear to everything that looks for one: PEFT, bitsandbytes,
-    torchao, Accelerate's hooks.
-
-    The test runs on every call, so it is written out inline: in a 16-token request its cost shows.
-    """
-
-    def forward(self, x):
-        weight, bias = self.weight, self.bias
-        if (
-            _ONEDNN
-            and self.in_features * self.out_features >= _ONEDNN_MIN_WEIGHTS
-            and torch.backends.mkldnn.enabled  # users may turn oneDNN off: torch.backends.mkldnn.flags(enabled=False)
-            and x.dtype == torch.float32
-            and weight.dtype == torch.float32
-            and x.is_cpu
-            and weight.is_cpu
-            and type(x) is torch.Tensor
-            and not x.is_nested  # torch.nested's strided layout is a plain Tensor too
-            and type(weight) in (nn.Parameter, torch.Tensor)
-            # no autograd through it: the op has no backward (a trainable bias alone counts, as in BitFit)
-            and not (torch.is_grad_enabled()
-                     and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
-            and not torch.is_autocast_enabled("cpu")
-            and not _is_tracing()
-            and not _is_transformed()
-        ):
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        return nn.functional.linear(x, weight, bias)
-
+from .kernels import VanillaLinear, is_tracing
+from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
+from .validation import check_inputs, check_labels, check_sequence_labels
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Embeddings (sections 3.4 and 3.5)
@@ -228,10 +170,13 @@ def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, d
     return context.transpose(1, 2), None
 
 
-def attention_function(implementation: str):
+def attention_function(implementation: str, output_attentions: bool = False):
     """The attention kernel for `config._attn_implementation`: ours for "sdpa" and "eager", transformers' registry
-    for the others (flex_attention, flash_attention_2, kernels registered with `AttentionInterface`).
+    for the others (flex_attention, flash_attention_2, kernels registered with `AttentionInterface`). A call that
+    asks for the attention maps runs the eager function, whatever the backend: fused kernels never form them.
     (`set_attn_implementation` only switches models whose source calls `ALL_ATTENTION_FUNCTIONS.get_interface(`.)"""
+    if output_attentions:
+        return eager_attention_forward
     if implementation == "sdpa":
         return sdpa_attention_forward
     return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -241,7 +186,7 @@ class VanillaAttention(nn.Module):
     """Multi-head attention: MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_i = Attention(Q W_i^Q, ...).
 
     One class serves all three uses in the paper (section 3.2.3): encoder self-attention `attn(x)`, masked decoder
-    self-attention (the same, with `is_causal=True`), and cross-attention `attn(x, key_value_states=memory)`.
+    self-attention (the same, with a causal mask), and cross-attention `attn(x, key_value_states=memory)`.
     The H heads are not H layers: one projection per Q, K, V computes all heads at once, and a head is a D-wide
     slice of its output, separated by a view + transpose.
     """
@@ -260,17 +205,20 @@ class VanillaAttention(nn.Module):
         self.v_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^V
         self.o_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^O
 
-    def forward(self, hidden_states, key_value_states=None, attention_mask=None, past_key_values=None, seq_lens=None):
+    def forward(self, hidden_states, key_value_states=None, attention_mask=None, past_key_values=None,
+                seq_lens=None, output_attentions=False):
         """hidden_states: (B, T, E), or (N, E) packed with `seq_lens` (the length of each sequence, summing to N).
         key_value_states: (B, S, E) encoder output for cross-attention. Returns (output like hidden_states, weights).
         """
-        attention_fn = attention_function(self.config._attn_implementation)
+        attention_fn = attention_function(self.config._attn_implementation, output_attentions)
         dropout = self.dropout if self.training else 0.0
-        if seq_lens is not None:
-            return self._packed_forward(hidden_states, seq_lens, attention_fn, dropout), None
+        H, D = self.num_heads, self.head_dim
+        if seq_lens is not None:  # padding-free: sequences laid end to end, attention within each (packing.py)
+            query, key, value = (proj(hidden_states).view(-1, H, D) for proj in (self.q_proj, self.k_proj, self.v_proj))
+            context = attend_within_sequences(attention_fn, self, query, key, value, seq_lens, dropout, self.scaling)
+            return self.o_proj(context), None  # (N, E)
 
         B, T, E = hidden_states.shape
-        H, D = self.num_heads, self.head_dim
         query = self.q_proj(hidden_states).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D): heads are slices of E
         key, value = self._key_value(hidden_states, key_value_states, past_key_values)  # (B, H, S, D) each
         context, weights = attention_fn(self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling)
@@ -278,15 +226,17 @@ class VanillaAttention(nn.Module):
         return self.o_proj(context), weights
 
     def _key_value(self, hidden_states, key_value_states, past_key_values):
-        """Project keys and values, reusing or extending the cache when decoding step by step."""
+        """Project keys and values. When decoding step by step, new keys and values extend the self-attention cache,
+        and the encoder's are computed once: the source sentence does not change while decoding."""
         is_cross = key_value_states is not None
-        cache = None
-        if past_key_values is not None:
-            cache = past_key_values.cross_attention_cache if is_cross else past_key_values.self_attention_cache
-            if is_cross and past_key_values.is_updated.get(self.layer_idx):
-                # The encoder output does not change while decoding: its keys and values are computed once.
-                layer = cache.layers[self.layer_idx]
+        cache = past_key_values
+        if isinstance(cache, EncoderDecoderCache):
+            if is_cross and cache.is_updated.get(self.layer_idx):
+                layer = cache.cross_attention_cache.layers[self.layer_idx]
                 return layer.keys, layer.values
+            cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+        elif is_cross:
+            cache = None  # a decoder-only cache holds self-attention alone
         source = key_value_states if is_cross else hidden_states
         B, S, _ = source.shape
         key = self.k_proj(source).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, D)
@@ -296,30 +246,6 @@ class VanillaAttention(nn.Module):
             if is_cross:
                 past_key_values.is_updated[self.layer_idx] = True
         return key, value
-
-    def _packed_forward(self, hidden_states, seq_lens, attention_fn, dropout):
-        """Self-attention over sequences laid end to end without padding: (N, E) -> (N, E).
-
-        The projections run once over all N real tokens; attention runs per sequence, so no score is ever computed
-        for a padding position. (4-D inputs keep sdpa on its fused CPU kernels; 3-D ones fall back to plain math.)
-        Neighbouring sequences of equal length are one (count, H, L, D) view of the packed tensor, without a copy:
-        they share one kernel call, so a mostly full batch costs a few calls rather than one per row.
-        """
-        N, E = hidden_states.shape
-        H, D = self.num_heads, self.head_dim
-        query = self.q_proj(hidden_states).view(N, H, D)  # heads are slices of E
-        key = self.k_proj(hidden_states).view(N, H, D)
-        value = self.v_proj(hidden_states).view(N, H, D)
-        contexts, start = [], 0
-        for length, run in itertools.groupby(seq_lens):
-            count = len(list(run))
-            end = start + count * length
-            q, k, v = (x[start:end].view(count, length, H, D).transpose(1, 2) for x in (query, key, value))
-            context, _ = attention_fn(self, q, k, v, None, dropout=dropout, scaling=self.scaling)  # (count, L, H, D)
-            contexts.append(context.reshape(end - start, E))  # (count * L, E): Concat(head_1..head_H)
-            start = end
-        context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, E)
-        return self.o_proj(context)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -366,8 +292,8 @@ class VanillaEncoderLayer(GradientCheckpointingLayer):
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, attention_mask=None, seq_lens=None):
-        hidden_states, weights = self._self_attn_block(hidden_states, attention_mask, seq_lens=seq_lens)
+    def forward(self, hidden_states, attention_mask=None, seq_lens=None, output_attentions=False):
+        hidden_states, weights = self._self_attn_block(hidden_states, attention_mask, None, seq_lens, output_attentions)
         return self._ffn_block(hidden_states), weights
 
     def _residual(self, residual, sublayer_output, norm):
@@ -380,11 +306,10 @@ class VanillaEncoderLayer(GradientCheckpointingLayer):
     def _sublayer_input(self, hidden_states, norm):
         return norm(hidden_states) if self.pre_norm else hidden_states
 
-    def _self_attn_block(self, hidden_states, attention_mask, past_key_values=None, seq_lens=None):
+    def _self_attn_block(self, hidden_states, attention_mask, past_key_values, seq_lens, output_attentions):
         attn_input = self._sublayer_input(hidden_states, self.self_attn_norm)
-        output, weights = self.self_attn(
-            attn_input, attention_mask=attention_mask, past_key_values=past_key_values, seq_lens=seq_lens
-        )
+        output, weights = self.self_attn(attn_input, attention_mask=attention_mask, past_key_values=past_key_values,
+                                         seq_lens=seq_lens, output_attentions=output_attentions)
         return self._residual(hidden_states, output, self.self_attn_norm), weights
 
     def _ffn_block(self, hidden_states):
@@ -394,29 +319,36 @@ class VanillaEncoderLayer(GradientCheckpointingLayer):
 
 class VanillaDecoderLayer(VanillaEncoderLayer):
     """The encoder layer with its self-attention masked to the past, and a third sub-layer between the two that
-    attends over the encoder's output: masked self-attention -> cross-attention -> feed-forward."""
+    attends over the encoder's output: masked self-attention -> cross-attention -> feed-forward.
+
+    A decoder used alone (a causal language model, or `get_decoder()` called without encoder states) has no
+    memory to attend to and skips the cross-attention sub-layer, as BART's decoder does."""
 
     is_causal = True
 
-    def __init__(self, config, layer_idx: int, num_heads: int, intermediate_size: int):
+    def __init__(self, config, layer_idx: int, num_heads: int, intermediate_size: int, cross_attention: bool):
         super().__init__(config, layer_idx, num_heads, intermediate_size)
-        self.cross_attn = VanillaAttention(config, num_heads, is_causal=False, layer_idx=layer_idx)
-        self.cross_attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if cross_attention:
+            self.cross_attn = VanillaAttention(config, num_heads, is_causal=False, layer_idx=layer_idx)
+            self.cross_attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
-                past_key_values=None):
-        hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values)
-        attn_input = self._sublayer_input(hidden_states, self.cross_attn_norm)
-        output, cross_weights = self.cross_attn(
-            attn_input, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask,
-            past_key_values=past_key_values,
-        )  # (B, T, E): each target position reads the whole source sentence
-        hidden_states = self._residual(hidden_states, output, self.cross_attn_norm)
+    def forward(self, hidden_states, attention_mask, encoder_hidden_states=None, encoder_attention_mask=None,
+                past_key_values=None, output_attentions=False):
+        hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values, None,
+                                                            output_attentions)
+        cross_weights = None
+        if encoder_hidden_states is not None:
+            attn_input = self._sublayer_input(hidden_states, self.cross_attn_norm)
+            output, cross_weights = self.cross_attn(
+                attn_input, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values, output_attentions=output_attentions,
+            )  # (B, T, E): each target position reads the whole source sentence
+            hidden_states = self._residual(hidden_states, output, self.cross_attn_norm)
         return self._ffn_block(hidden_states), self_weights, cross_weights
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. The stack: embeddings, N layers, masks, and the padding-free fast path
+# 5. The stack: masks, then embeddings and N layers
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -431,35 +363,55 @@ def additive_mask(mask, dtype):
     return (~allowed).to(dtype) * torch.finfo(dtype).min
 
 
-def _has_padding(mask) -> bool:
-    """Whether a 1/0 `attention_mask` hides any token. A mask of ones needs no masking at all: attention then runs
-    without a mask, bit for bit what it gives without `attention_mask`. (Always True while tracing, where the
-    graph must not depend on the mask's values.)"""
-    return mask is not None and (_is_tracing() or not mask.all())
+def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device):
+    """The additive mask (B|1, 1, T|1, S) self-attention adds to its scores, or None when nothing is hidden.
+
+    - A 4-D mask is the caller's final word: used as given (True/1 = attend, or already additive).
+    - A 2-D padding mask (B, S) hides padding keys.
+    - Causal (the decoder, section 3.2.3): query t, at absolute position past_length + t, sees keys
+      0..past_length + t and never the future. A static cache holds `key_length` slots, the unused ones in the
+      future of every query, so causality hides them too.
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask.to(dtype) if attention_mask.is_floating_point() else additive_mask(attention_mask, dtype)
+    padded = has_padding(attention_mask)
+    if not causal:
+        return additive_mask(attention_mask[:, None, None, :], dtype) if padded else None  # (B, 1, 1, S)
+    if query_length == 1 and not padded and isinstance(past_length, int) and key_length == past_length + 1:
+        return None  # one new token may see every key: nothing to mask
+    query_pos = torch.arange(query_length, device=device) + past_length  # (T,)
+    allowed = torch.arange(key_length, device=device)[None, :] <= query_pos[:, None]  # (T, S)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if padded:
+        keys = attention_mask.bool()  # (B, past + T)
+        keys = nn.functional.pad(keys, (0, key_length - keys.shape[-1]))  # a static cache's unused slots
+        allowed = allowed & keys[:, None, None, :]  # (B, 1, T, S)
+    return additive_mask(allowed, dtype)
 
 
 class VanillaStack(nn.Module):
     """Embeddings followed by N identical layers: the encoder (section 3.1, left) or the decoder (right).
 
-    The encoder has a fast path for padded batches: when some tokens are padding it gathers the N real tokens of
-    the batch into one (N, E) tensor, runs every embedding, projection and feed-forward on those alone, attends
-    within each sequence, and scatters the result back to (B, T, E) once at the end (padding positions hold
-    zeros). Padded batches of natural text are often two-thirds padding; this skips that work. The padded path
-    stays for attention maps (`output_attentions`), the decoder, and tracing/export, which need static shapes.
+    A padded encoder batch runs padding-free (packing.py): embeddings, projections and feed-forward on its real
+    tokens only, attention within each sequence. The padded path stays for attention maps, decoders, 4-D masks
+    and tracing/export, which need static shapes.
     """
 
-    def __init__(self, config, is_decoder: bool = False):
+    def __init__(self, config, is_decoder: bool = False, cross_attention: bool = False):
         super().__init__()
         self.config = config
         self.is_decoder = is_decoder
-        if is_decoder:
+        self.cross_attention = cross_attention
+        self.embeddings = VanillaEmbeddings(config)
+        if is_decoder and hasattr(config, "decoder_layers"):  # the encoder-decoder's decoder has sizes of its own
             num_layers, heads, ffn = config.decoder_layers, config.decoder_attention_heads, config.decoder_intermediate_size
-            layer_class = VanillaDecoderLayer
         else:
             num_layers, heads, ffn = config.num_hidden_layers, config.num_attention_heads, config.intermediate_size
-            layer_class = VanillaEncoderLayer
-        self.embeddings = VanillaEmbeddings(config)
-        self.layers = nn.ModuleList(layer_class(config, i, heads, ffn) for i in range(num_layers))
+        if is_decoder:
+            layers = (VanillaDecoderLayer(config, i, heads, ffn, cross_attention) for i in range(num_layers))
+        else:
+            layers = (VanillaEncoderLayer(config, i, heads, ffn) for i in range(num_layers))
+        self.layers = nn.ModuleList(layers)
         # Pre-LN leaves the last residual stream un-normalised; post-LN already ends on a LayerNorm.
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
 
@@ -476,251 +428,78 @@ class VanillaStack(nn.Module):
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=True,
+        **kwargs,
     ):
-        """Returns a `BaseModelOutputWithPastAndCrossAttentions` whatever `return_dict` says (generate needs that
-        of the encoder); the public models honour `return_dict`."""
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        if output_attentions and self.config._attn_implementation != "eager":
-            raise ValueError(
-                f"output_attentions=True needs eager attention, but this model uses "
-                f"{self.config._attn_implementation!r}, whose kernels never form the weights. Load it with "
-                f"`attn_implementation='eager'` or call `model.set_attn_implementation('eager')`."
-            )
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length,
-                           encoder_hidden_states, encoder_attention_mask)
-        inputs = input_ids if input_ids is not None else inputs_embeds
-        B, T = inputs.shape[:2]
+        """Returns a `BaseModelOutputWithPastAndCrossAttentions` (generate needs a ModelOutput of the encoder);
+        the public models honour `return_dict`."""
+        config = self.config
+        output_attentions = config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        use_cache = self.is_decoder and (config.use_cache if use_cache is None else use_cache)
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.cross_attention else DynamicCache()
+        cache = getattr(past_key_values, "self_attention_cache", past_key_values)  # this stack's own keys and values
+        past_length = cache.get_seq_length() if cache is not None else 0
+        if torch.is_tensor(past_length) and not is_tracing():  # a static cache counts in a tensor
+            past_length = int(past_length)
+        check_inputs(config, is_decoder=self.is_decoder, input_ids=input_ids, inputs_embeds=inputs_embeds,
+                     token_type_ids=token_type_ids, position_ids=position_ids, attention_mask=attention_mask,
+                     past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
+                     encoder_attention_mask=encoder_attention_mask)
+        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T
         if position_ids is None:
-            offset = self.config.position_offset + past_length
-            # On the inputs' device: with Accelerate offload the weights may sit on "meta" until their hook runs.
-            position_ids = torch.arange(offset, offset + T, device=inputs.device)
+            position_ids = torch.arange(T, device=(input_ids if input_ids is not None else inputs_embeds).device)
+            position_ids = position_ids + config.position_offset + past_length
         # (T,) or (1, T), shared by every row, -> (B, T): the packed path gathers them token by token.
         position_ids = position_ids.expand(B, T)
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
 
-        if self.is_decoder:
-            return self._decode(input_ids, attention_mask, position_ids, inputs_embeds, encoder_hidden_states,
-                                encoder_attention_mask, past_key_values, past_length, use_cache, output_attentions,
-                                output_hidden_states)
-
-        padded = _has_padding(attention_mask)
-        packed = (
-            padded and not output_attentions and not _is_tracing()
-            and attention_mask.any()  # a batch of nothing but padding has no token to pack
-        )
-        if packed:
-            return self._encode_packed(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                       output_hidden_states)
-        hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E)
-        mask = additive_mask(attention_mask[:, None, None, :], hidden_states.dtype) if padded else None  # (B, 1, 1, S)
-        all_hidden_states, all_attentions = [hidden_states], []
-        for layer in self.layers:
-            hidden_states, weights = layer(hidden_states, mask)
-            all_hidden_states.append(hidden_states)
-            all_attentions.append(weights)
-        return self._output(hidden_states, all_hidden_states, all_attentions, None, None,
-                            output_hidden_states, output_attentions)
-
-    def _encode_packed(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                       output_hidden_states):
-        B, T = attention_mask.shape
-        keep = attention_mask.bool()
-        indices = keep.flatten().nonzero().squeeze(1)  # (N,): where the real tokens sit in the flattened batch
-        seq_lens = [n for n in keep.sum(1).tolist() if n > 0]  # a row that is all padding has nothing to attend
-
-        def pack(x):  # (B, T, ...) -> (N, ...)
-            return None if x is None else x.reshape(B * T, *x.shape[2:])[indices]
-
-        hidden_states = self.embeddings(pack(input_ids), pack(position_ids), pack(token_type_ids), pack(inputs_embeds))
-
-        def unpack(x):  # (N, E) -> (B, T, E), zeros at padding
-            return x.new_zeros(B * T, x.shape[-1]).index_copy_(0, indices, x).view(B, T, -1)
-
-        all_hidden_states = [hidden_states]
-        for layer in self.layers:
-            hidden_states, _ = layer(hidden_states, seq_lens=seq_lens)  # (N, E)
-            all_hidden_states.append(hidden_states)
-        if output_hidden_states:
-            all_hidden_states = [unpack(h) for h in all_hidden_states]
-        return self._output(unpack(hidden_states), all_hidden_states, [], None, None, output_hidden_states, False)
-
-    def _decode(self, input_ids, attention_mask, position_ids, inputs_embeds, encoder_hidden_states,
-                encoder_attention_mask, past_key_values, past_length, use_cache, output_attentions,
-                output_hidden_states):
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        # The decoder has no segments: BERT-initialised decoders see segment 0, as in transformers' bert2bert.
-        hidden_states = self.embeddings(input_ids, position_ids, None, inputs_embeds)  # (B, T, E)
-        B, T, _ = hidden_states.shape
-        S = past_length + T
-        padded = _has_padding(attention_mask)
-        mask = None
-        if T > 1 or padded:  # one new token without padding may see every key: nothing to mask
-            # Query t (at absolute position past_length + t) may see keys 0..past_length + t: never the future.
-            query_pos = torch.arange(past_length, S, device=hidden_states.device)
-            allowed = query_pos[:, None] >= torch.arange(S, device=hidden_states.device)[None, :]  # (T, S)
-            allowed = allowed[None, None]  # (1, 1, T, S)
-            if padded:
-                allowed = allowed & attention_mask[:, None, None, -S:].bool()  # (B, 1, T, S)
-            mask = additive_mask(allowed, hidden_states.dtype)
+        packed = PackedBatch(attention_mask) if not self.is_decoder and can_pack(attention_mask, output_attentions) else None
+        if packed is not None:  # (B, T) -> (N,): the real tokens alone
+            input_ids, position_ids, token_type_ids, inputs_embeds = map(
+                packed.pack, (input_ids, position_ids, token_type_ids, inputs_embeds))
+        hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E) or (N, E)
+        if packed is None:
+            mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder,
+                                       hidden_states.dtype, hidden_states.device)
+            if inputs_embeds is not None and has_padding(attention_mask) and attention_mask.dim() == 2:
+                # Padding keys get zero weight, but 0 * NaN is NaN: a NaN the caller left at padding would spread.
+                hidden_states = hidden_states.masked_fill(~attention_mask[:, -T:, None].bool(), 0)
         cross_mask = None
         if encoder_attention_mask is not None:
             cross_mask = additive_mask(encoder_attention_mask[:, None, None, :], hidden_states.dtype)  # (B, 1, 1, S)
 
         all_hidden_states, all_self, all_cross = [hidden_states], [], []
         for layer in self.layers:
-            # The cache by keyword: under gradient checkpointing the layer's wrapper drops it (a recomputed forward
-            # would write it twice). Tensors that need gradients stay positional, as reentrant checkpointing needs.
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states, mask, encoder_hidden_states, cross_mask, past_key_values=past_key_values
-            )
+            if self.is_decoder:
+                # The cache by keyword: under gradient checkpointing the layer's wrapper drops it (a recomputed
+                # forward would write it twice). Tensors that need gradients stay positional, as reentrant
+                # checkpointing needs.
+                hidden_states, self_weights, cross_weights = layer(
+                    hidden_states, mask, encoder_hidden_states, cross_mask, past_key_values=past_key_values,
+                    output_attentions=output_attentions,
+                )
+                all_cross.append(cross_weights)
+            else:
+                hidden_states, self_weights = layer(
+                    hidden_states, None if packed else mask, seq_lens=packed.seq_lens if packed else None,
+                    output_attentions=output_attentions,
+                )
             all_hidden_states.append(hidden_states)
             all_self.append(self_weights)
-            all_cross.append(cross_weights)
-        return self._output(hidden_states, all_hidden_states, all_self, all_cross,
-                            past_key_values if use_cache else None, output_hidden_states, output_attentions)
-
-    def _output(self, hidden_states, all_hidden_states, all_self, all_cross, cache, output_hidden_states,
-                output_attentions):
         if self.final_norm is not None:
-            hidden_states = self.final_norm(hidden_states)
-            all_hidden_states[-1] = hidden_states
+            hidden_states = all_hidden_states[-1] = self.final_norm(hidden_states)
+        if packed is not None:  # (N, E) -> (B, T, E), zeros at padding
+            hidden_states = packed.unpack(hidden_states)
+            all_hidden_states = list(map(packed.unpack, all_hidden_states)) if output_hidden_states else None
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=cache,
+            past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
-            cross_attentions=tuple(all_cross) if output_attentions and all_cross else None,
+            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
         )
-
-    def _check_inputs(self, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask, past_length,
-                      encoder_hidden_states=None, encoder_attention_mask=None):
-        """Refuse bad input with a message naming the problem and the fix, before any kernel runs: an index kernel
-        would turn it into an opaque error (on GPU a device-side assert that poisons the process).
-
-        Shapes and dtypes are always checked; values (one min/max per tensor) are skipped while tracing."""
-        prefix = "decoder_" if self.is_decoder else ""  # the decoder's inputs reach the model under these names
-        ids_name, embeds_name, mask_name = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
-        if (input_ids is None) == (inputs_embeds is None):
-            hint = " (or labels, which are shifted right into decoder_input_ids)" if self.is_decoder else ""
-            raise ValueError(f"Pass exactly one of {ids_name} or {embeds_name}{hint}.")
-        if input_ids is not None:
-            _check_integer(ids_name, input_ids)
-            if input_ids.dim() != 2:
-                fix = f"add a batch dimension with {ids_name}[None]" if input_ids.dim() == 1 else "one row per sequence"
-                raise ValueError(f"{ids_name} must be (batch, length), got shape {tuple(input_ids.shape)}: {fix}.")
-            shape = tuple(input_ids.shape)
-        else:
-            width = self.config.embedding_size
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
-                raise ValueError(
-                    f"{embeds_name} must be (batch, length, embedding_size={width}), got shape "
-                    f"{tuple(inputs_embeds.shape)}."
-                )
-            shape = tuple(inputs_embeds.shape[:2])
-        if shape[0] == 0 or shape[1] == 0:
-            raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
-        with_cache = (shape[0], past_length + shape[1])
-        if attention_mask is not None and tuple(attention_mask.shape) not in (shape, with_cache):
-            expected = with_cache if past_length else shape
-            raise ValueError(
-                f"{mask_name} has shape {tuple(attention_mask.shape)} but should be {expected}, one 1/0 per token of "
-                f"{ids_name} {shape}{' and of the cache' if past_length else ''}: pass the tokenizer's attention_mask."
-            )
-        for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-            if ids is None:
-                continue
-            _check_integer(name, ids)
-            rows = 1 if ids.dim() == 1 else ids.shape[0]
-            if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (shape[0], 1):
-                raise ValueError(
-                    f"{name} has shape {tuple(ids.shape)} but {ids_name} has shape {shape}: pass one id per token, "
-                    f"as {shape} (or (1, {shape[1]}) shared by every row)."
-                )
-        if encoder_hidden_states is not None:
-            source_shape = tuple(encoder_hidden_states.shape[:2])
-            if source_shape[0] != shape[0]:
-                raise ValueError(
-                    f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
-                    f"row per source row."
-                )
-            if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != source_shape:
-                raise ValueError(
-                    f"attention_mask has shape {tuple(encoder_attention_mask.shape)} but the encoder output covers "
-                    f"{source_shape} source tokens: pass the attention_mask that came with the source input_ids."
-                )
-        if _is_tracing():
-            return
-        _check_mask_values(mask_name, attention_mask)
-        _check_mask_values("attention_mask", encoder_attention_mask)
-        config = self.config
-        _check_range(ids_name, input_ids, config.vocab_size, "vocab_size",
-                     "use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
-        if self.embeddings.token_type_embeddings is not None:
-            _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
-                         "segment ids count sentences (BERT: 0 for the first, 1 for the second)")
-        elif token_type_ids is not None and not self.is_decoder and token_type_ids.any():
-            raise ValueError("This model has no token types (type_vocab_size=0); drop token_type_ids.")
-        max_length = config.max_position_embeddings - config.position_offset
-        if position_ids is None and past_length + shape[1] > max_length:
-            what = "decoder sequence (cache included)" if self.is_decoder else "sequence"
-            fix = "; when generating, lower max_new_tokens" if self.is_decoder else ""
-            raise ValueError(
-                f"The {what} has {past_length + shape[1]} tokens but the position table allows at most {max_length} "
-                f"(max_position_embeddings={config.max_position_embeddings}, position_offset="
-                f"{config.position_offset}): truncate the input, e.g. tokenizer(..., truncation=True, "
-                f"max_length={max_length}){fix}."
-            )
-        _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
-                     "pass positions below the table's length, or truncate the input")
-
-
-def _check_integer(name, ids):
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer ids, got dtype {ids.dtype}: convert with {name}.long().")
-
-
-def _check_mask_values(name, mask):
-    """Masks are 1 (token) / 0 (padding); any other value would be read differently by the padded and packed paths."""
-    if mask is None or mask.dtype == torch.bool:
-        return
-    if mask.is_floating_point():
-        valid = bool(((mask == 0) | (mask == 1)).all())
-    else:  # integers hold nothing but 1 and 0 when their extremes do: one reduction
-        low, high = (int(x) for x in torch.aminmax(mask))
-        valid = low >= 0 and high <= 1
-    if not valid:
-        invalid = (mask != 0) & (mask != 1)
-        raise ValueError(
-            f"{name} must hold 1 (token) or 0 (padding), got {mask[invalid][0].item()}: pass the tokenizer's "
-            f"attention_mask (an additive or 4-D mask is not accepted)."
-        )
-
-
-def _check_range(name, ids, limit, limit_name, fix):
-    """Every id in [0, limit), else a ValueError naming the offending value, the limit and `fix`."""
-    if ids is None:
-        return
-    low, high = (int(x) for x in torch.aminmax(ids))
-    if low < 0 or high >= limit:
-        bad = high if high >= limit else low
-        raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
-
-
-IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
-
-
-def _check_labels(labels, num_classes, limit_name):
-    """Class labels in [0, num_classes), or -100 where no label applies. Checked before the model runs: the loss
-    would index its logits with them, an opaque device-side assert on GPU."""
-    if labels is None or _is_tracing():
-        return
-    _check_integer("labels", labels)
-    _check_range("labels", labels.masked_fill(labels == IGNORE_INDEX, 0), num_classes, limit_name,
-                 f"labels are class ids, with {IGNORE_INDEX} where no label applies")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -729,7 +508,7 @@ def _check_labels(labels, num_classes, limit_name):
 
 
 class VanillaPreTrainedModel(PreTrainedModel):
-    """Weight initialisation and the capabilities transformers and Accelerate read."""
+    """Weight initialisation, the capabilities transformers and Accelerate read, and what every head shares."""
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -737,6 +516,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
     # Our losses are per-batch means and ignore `num_items_in_batch`. Without this, Trainer sees `**kwargs` in
     # forward, assumes the loss is already normalised for gradient accumulation and skips dividing by the number of
     # accumulated steps: every update (and logged loss) would be that many times too large.
@@ -751,6 +531,36 @@ class VanillaPreTrainedModel(PreTrainedModel):
             module.position_table.copy_(table.to(module.position_table.device))
         elif isinstance(module, VanillaLMHead):
             module.decoder.bias.zero_()
+
+    def get_output_embeddings(self):
+        """The output projection of the heads that predict tokens (tied to the token embeddings); None elsewhere."""
+        return self.lm_head.decoder if hasattr(self, "lm_head") else None
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def _return(self, output: ModelOutput, return_dict):
+        """The output as a ModelOutput, or as a tuple where the caller (or the config) asks for one."""
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+    def _classification_loss(self, logits, labels):
+        """Sequence classification's loss: regression (MSE), single-label (cross-entropy) or multi-label (binary
+        cross-entropy), by `config.problem_type`, which transformers sets from the first labels it sees."""
+        return None if labels is None else self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+
+
+def cross_entropy(logits, labels):
+    """Cross-entropy of (..., C) logits against (...) class ids, -100 skipped: the loss of every head that picks
+    one class per position or per sequence (masked and generated tokens, entities, next sentence, choices)."""
+    if labels is None:
+        return None
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device))
+
+
+def span_logits(qa_outputs, hidden_states):
+    """Extractive QA: a start and an end score per token, (B, T, E) -> two (B, T); the answer is the best span."""
+    start_logits, end_logits = qa_outputs(hidden_states).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
+    return start_logits.contiguous(), end_logits.contiguous()
 
 
 class VanillaLMHead(nn.Module):
@@ -775,19 +585,24 @@ class VanillaLMHead(nn.Module):
         return self.decoder(hidden_states)
 
 
+# ---- the BERT-style encoder and its heads ----------------------------------------------------------------------
+
+
 class VanillaEncoderModel(VanillaPreTrainedModel):
     """The BERT-style encoder: embeddings, N encoder layers and (optionally) BERT's pooler.
 
     The pooler, tanh(W h_0 + b) over the first ([CLS]) token, is what BERT's next-sentence objective trained as a
-    sentence representation; classification heads start from it.
+    sentence representation; the heads that classify whole sequences read it, the others are built without it.
+    With `config.is_decoder` the layers are masked to the past: BERT's causal language model.
     """
 
     config_class = VanillaEncoderConfig
 
-    def __init__(self, config: VanillaEncoderConfig):
+    def __init__(self, config: VanillaEncoderConfig, add_pooling_layer: bool = True):
         super().__init__(config)
-        self.encoder = VanillaStack(config)
-        self.pooler = VanillaLinear(config.hidden_size, config.hidden_size) if config.use_pooler else None
+        self.encoder = VanillaStack(config, is_decoder=config.is_decoder)
+        use_pooler = add_pooling_layer and config.use_pooler
+        self.pooler = VanillaLinear(config.hidden_size, config.hidden_size) if use_pooler else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -797,66 +612,170 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
         self.encoder.embeddings.word_embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                inputs_embeds=None, past_key_values=None, use_cache=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
         """input_ids, attention_mask, token_type_ids: (B, T). Returns last_hidden_state (B, T, E), pooler_output
         (B, E), and per layer the hidden states (B, T, E) and attention weights (B, H, T, T) when asked."""
         out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                           output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+                           past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
+                           output_hidden_states=output_hidden_states)
         pooled = torch.tanh(self.pooler(out.last_hidden_state[:, 0])) if self.pooler is not None else None
-        output = BaseModelOutputWithPooling(
-            last_hidden_state=out.last_hidden_state, pooler_output=pooled,
+        return self._return(BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=out.last_hidden_state, pooler_output=pooled, past_key_values=out.past_key_values,
             hidden_states=out.hidden_states, attentions=out.attentions,
-        )
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+        ), return_dict)
 
 
-def _return_dict(config, return_dict):
-    return config.return_dict if return_dict is None else return_dict
-
-
-class VanillaEncoderForMaskedLM(VanillaPreTrainedModel):
-    """The encoder with BERT's masked-language-model head: predict the token behind each [MASK]."""
+class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
+    """What every encoder head shares: the encoder as `self.model`, with BERT's pooler only when the head reads it
+    (`uses_pooler`): a pooler nobody reads would be computed on every forward and never trained."""
 
     config_class = VanillaEncoderConfig
+    uses_pooler = False
+
+    def __init__(self, config: VanillaEncoderConfig):
+        super().__init__(config)
+        self.model = VanillaEncoderModel(config, add_pooling_layer=self.uses_pooler)
+
+    def _sentence(self, out):
+        """The sentence representation: the pooled [CLS] token, or its hidden state when the checkpoint has no
+        pooler (DistilBERT, ELECTRA)."""
+        return out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+
+
+class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
+    """The encoder with BERT's masked-language-model head: predict the token behind each [MASK]."""
+
     _tied_weights_keys = {"lm_head.decoder.weight": "model.encoder.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
-        self.model = VanillaEncoderModel(config)
         self.lm_head = VanillaLMHead(config, transform=True)
         self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head.decoder
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
-        _check_labels(labels, self.config.vocab_size, "vocab_size")
+        check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions, output_hidden_states, return_dict=True)
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
         logits = self.lm_head(out.last_hidden_state)
+        return self._return(MaskedLMOutput(loss=cross_entropy(logits, labels), logits=logits,
+                                           hidden_states=out.hidden_states, attentions=out.attentions), return_dict)
+
+
+class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
+    """BERT's causal language model (transformers' `BertLMHeadModel`): the encoder masked to the past, with the
+    masked-LM head predicting the next token, and `generate()` with a key/value cache. Needs `is_decoder=True`."""
+
+    _tied_weights_keys = VanillaEncoderForMaskedLM._tied_weights_keys
+
+    def __init__(self, config: VanillaEncoderConfig):
+        if not config.is_decoder:
+            raise ValueError(
+                "VanillaEncoderForCausalLM predicts the next token, so its self-attention must be masked to the past: "
+                "build it from a config with is_decoder=True (e.g. from_pretrained(path, is_decoder=True))."
+            )
+        super().__init__(config)
+        self.lm_head = VanillaLMHead(config, transform=True)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, past_key_values=None, labels=None, use_cache=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here)."""
+        check_labels(labels, self.config.vocab_size, "vocab_size")
+        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values,
+                         use_cache=use_cache, output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True)
+        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.config.vocab_size)
+        return self._return(CausalLMOutputWithCrossAttentions(
+            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        ), return_dict)
+
+
+@dataclass
+class VanillaForPreTrainingOutput(ModelOutput):
+    """Output of `VanillaEncoderForPreTraining`: the masked-LM and next-sentence logits (BERT's two objectives)."""
+
+    loss: torch.FloatTensor | None = None
+    prediction_logits: torch.FloatTensor | None = None
+    seq_relationship_logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
+    """Does sentence B follow sentence A? Two logits (is next, is random) from the pooled [CLS] token, the second
+    objective BERT was pre-trained with (Devlin et al., 2019, section 3.1)."""
+
+    uses_pooler = True
+
+    def __init__(self, config: VanillaEncoderConfig):
+        super().__init__(config)
+        self.seq_relationship = VanillaLinear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
+        check_labels(labels, 2, "the two next-sentence classes")
+        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
+        logits = self.seq_relationship(self._sentence(out))
+        return self._return(NextSentencePredictorOutput(loss=cross_entropy(logits, labels), logits=logits,
+                                                        hidden_states=out.hidden_states, attentions=out.attentions),
+                            return_dict)
+
+
+class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
+    """BERT as it was pre-trained: the masked-LM head on every token and the next-sentence head on [CLS]."""
+
+    uses_pooler = True
+    _tied_weights_keys = VanillaEncoderForMaskedLM._tied_weights_keys
+
+    def __init__(self, config: VanillaEncoderConfig):
+        super().__init__(config)
+        self.lm_head = VanillaLMHead(config, transform=True)
+        self.seq_relationship = VanillaLinear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, next_sentence_label=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        """labels: (B, T) masked-LM targets (-100 elsewhere); next_sentence_label: (B,). The loss is their sum,
+        when both are given."""
+        check_labels(labels, self.config.vocab_size, "vocab_size")
+        check_labels(next_sentence_label, 2, "the two next-sentence classes")
+        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
+        prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = None
-        if labels is not None:
-            loss = CrossEntropyLoss()(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1).to(logits.device))
-        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+        if labels is not None and next_sentence_label is not None:
+            loss = cross_entropy(prediction_logits, labels) + cross_entropy(seq_relationship_logits, next_sentence_label)
+        return self._return(VanillaForPreTrainingOutput(
+            loss=loss, prediction_logits=prediction_logits, seq_relationship_logits=seq_relationship_logits,
+            hidden_states=out.hidden_states, attentions=out.attentions,
+        ), return_dict)
 
 
-class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
+class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
     """One label (or score) per sequence, read from the pooled [CLS] token. The loss follows `problem_type`:
     regression (MSE), single-label (cross-entropy) or multi-label (binary cross-entropy), as BERT's does."""
 
-    config_class = VanillaEncoderConfig
+    uses_pooler = True
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.model = VanillaEncoderModel(config)
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -865,55 +784,61 @@ class VanillaEncoderForSequenceClassification(VanillaPreTrainedModel):
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label."""
-        if labels is not None and self._problem_type(labels) == "single_label_classification":
-            _check_labels(labels, self.num_labels, "num_labels")
+        check_sequence_labels(self.config, labels)
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions, output_hidden_states, return_dict=True)
-        # Without a pooler (DistilBERT-style checkpoints) the [CLS] hidden state is the sentence representation.
-        pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
-        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
-        loss = None
-        if labels is not None:
-            loss = self._loss(logits, labels.to(logits.device))
-        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                          attentions=out.attentions)
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
-
-    def _problem_type(self, labels):
-        """As BERT decides it, once, from the first labels seen: one output is a regression, integer labels are
-        classes, anything else is a multi-label target."""
-        if self.config.problem_type is None:
-            if self.num_labels == 1:
-                self.config.problem_type = "regression"
-            elif labels.dtype in (torch.long, torch.int):
-                self.config.problem_type = "single_label_classification"
-            else:
-                self.config.problem_type = "multi_label_classification"
-        return self.config.problem_type
-
-    def _loss(self, logits, labels):
-        if self.config.problem_type == "regression":
-            if self.num_labels == 1:
-                return MSELoss()(logits.squeeze(), labels.squeeze())
-            return MSELoss()(logits, labels)
-        if self.config.problem_type == "single_label_classification":
-            return CrossEntropyLoss()(logits.reshape(-1, self.num_labels), labels.reshape(-1))
-        return BCEWithLogitsLoss()(logits, labels)
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
+        logits = self.classifier(self.dropout(self._sentence(out)))  # (B, num_labels)
+        return self._return(SequenceClassifierOutput(loss=self._classification_loss(logits, labels), logits=logits,
+                                                     hidden_states=out.hidden_states, attentions=out.attentions),
+                            return_dict)
 
 
 def _classifier_dropout(config):
     return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
 
 
-class VanillaEncoderForTokenClassification(VanillaPreTrainedModel):
-    """One label per token (named entities, parts of speech)."""
+class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
+    """Pick one of C candidate continuations (SWAG): each (context, choice) pair is encoded as its own sequence and
+    scored from its pooled [CLS] token; the C scores of a question compete in one softmax."""
 
-    config_class = VanillaEncoderConfig
+    uses_pooler = True
+
+    def __init__(self, config: VanillaEncoderConfig):
+        super().__init__(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = VanillaLinear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """input_ids, attention_mask, token_type_ids: (B, C, T); labels: (B,) the index of the right choice.
+        Returns logits (B, C)."""
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        if inputs is None or inputs.dim() < 3:
+            raise ValueError("Multiple choice takes input_ids of shape (batch, choices, length): one row per choice.")
+        B, C = inputs.shape[:2]
+        check_labels(labels, C, "the number of choices")
+
+        def flat(x):  # (B, C, T, ...) -> (B * C, T, ...): every choice is a sequence of its own
+            return None if x is None else x.reshape(B * C, *x.shape[2:])
+
+        out = self.model(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
+                         flat(inputs_embeds), output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True)
+        logits = self.classifier(self.dropout(self._sentence(out))).view(B, C)  # (B * C, 1) -> (B, C)
+        return self._return(MultipleChoiceModelOutput(loss=cross_entropy(logits, labels), logits=logits,
+                                                      hidden_states=out.hidden_states, attentions=out.attentions),
+                            return_dict)
+
+
+class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
+    """One label per token (named entities, parts of speech)."""
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.model = VanillaEncoderModel(config)
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -922,48 +847,37 @@ class VanillaEncoderForTokenClassification(VanillaPreTrainedModel):
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
-        _check_labels(labels, self.num_labels, "num_labels")
+        check_labels(labels, self.num_labels, "num_labels")
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions, output_hidden_states, return_dict=True)
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
         logits = self.classifier(self.dropout(out.last_hidden_state))
-        loss = None
-        if labels is not None:
-            loss = CrossEntropyLoss()(logits.reshape(-1, self.num_labels), labels.reshape(-1).to(logits.device))
-        output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                       attentions=out.attentions)
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+        return self._return(TokenClassifierOutput(loss=cross_entropy(logits, labels), logits=logits,
+                                                  hidden_states=out.hidden_states, attentions=out.attentions),
+                            return_dict)
 
 
-class VanillaEncoderForQuestionAnswering(VanillaPreTrainedModel):
+class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
     """Extractive QA: a start score and an end score for every token; the answer is the best-scoring span."""
-
-    config_class = VanillaEncoderConfig
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
-        self.model = VanillaEncoderModel(config)
         self.qa_outputs = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
-        """start_positions, end_positions: (B,) token indices of the answer span. Returns two (B, T) logits."""
+        """start_positions, end_positions: (B,) token indices of the answer span (outside the input: ignored).
+        Returns two (B, T) logits."""
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions, output_hidden_states, return_dict=True)
-        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            # Positions outside the input are clamped to T and ignored, as BERT does.
-            ignored = start_logits.size(1)
-            loss_fct = CrossEntropyLoss(ignore_index=ignored)
-            start = start_positions.view(-1).clamp(0, ignored).to(start_logits.device)
-            end = end_positions.view(-1).clamp(0, ignored).to(end_logits.device)
-            loss = (loss_fct(start_logits, start) + loss_fct(end_logits, end)) / 2
-        output = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
-                                              end_logits=end_logits.contiguous(), hidden_states=out.hidden_states,
-                                              attentions=out.attentions)
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
+        start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
+        loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
+        return self._return(QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                                         hidden_states=out.hidden_states, attentions=out.attentions),
+                            return_dict)
 
 
 class VanillaReplacedTokenHead(nn.Module):
@@ -980,19 +894,16 @@ class VanillaReplacedTokenHead(nn.Module):
         return self.prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (..., 1) -> (...)
 
 
-class VanillaEncoderForReplacedTokenDetection(VanillaPreTrainedModel):
+class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
     """ELECTRA's discriminator (Clark et al., 2020, https://arxiv.org/abs/2003.10555, section 2): for every token,
     was it replaced by a small generator?
 
     ELECTRA trains this objective instead of masked-LM prediction, so it learns from every token, not only the 15%
-    that are masked. Loaded through `AutoModelForPreTraining`, as transformers' ElectraForPreTraining is.
+    that are masked. (transformers calls it `ElectraForPreTraining`; here `AutoModelForPreTraining` is BERT's.)
     """
-
-    config_class = VanillaEncoderConfig
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
-        self.model = VanillaEncoderModel(config)
         self.rtd_head = VanillaReplacedTokenHead(config)
         self.post_init()
 
@@ -1002,20 +913,20 @@ class VanillaEncoderForReplacedTokenDetection(VanillaPreTrainedModel):
         """labels: (B, T), 1 where the token was replaced and 0 where it is the original. Returns logits (B, T):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
         out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions, output_hidden_states, return_dict=True)
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = None
         if labels is not None:
             # Binary cross-entropy over real tokens only: padding is neither original nor replaced.
             labels = labels.to(logits.device)
             real = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask == 1
-            loss = BCEWithLogitsLoss()(logits[real], labels[real].to(logits.dtype))
-        output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                       attentions=out.attentions)
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+            loss = nn.functional.binary_cross_entropy_with_logits(logits[real], labels[real].to(logits.dtype))
+        return self._return(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                                  attentions=out.attentions), return_dict)
 
 
-# ---- the encoder-decoder --------------------------------------------------------------------------------------
+# ---- the encoder-decoder and its heads -------------------------------------------------------------------------
 
 
 def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int):
@@ -1028,15 +939,17 @@ def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int):
 
 
 class VanillaSeq2SeqModel(VanillaPreTrainedModel):
-    """The encoder-decoder without an output head: source (B, S) and target (B, T) -> decoder states (B, T, E)."""
+    """The encoder-decoder without an output head: source (B, S) and target (B, T) -> decoder states (B, T, E).
+
+    Without a target, the decoder reads the source shifted right (BART's convention, which its sequence
+    classification and question-answering heads rely on)."""
 
     config_class = VanillaSeq2SeqConfig
-    _skip_keys_device_placement = ["past_key_values"]
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
         self.encoder = VanillaStack(config)
-        self.decoder = VanillaStack(config, is_decoder=True)
+        self.decoder = VanillaStack(config, is_decoder=True, cross_attention=True)
         if config.share_encoder_decoder_embeddings:
             self._tied_weights_keys = {
                 "decoder.embeddings.word_embeddings.weight": "encoder.embeddings.word_embeddings.weight"
@@ -1045,6 +958,9 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
 
     def get_encoder(self):
         return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
 
     def get_input_embeddings(self):
         return self.encoder.embeddings.word_embeddings
@@ -1059,26 +975,30 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
                 decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
-        segments. Other keyword arguments that `generate` sends (e.g. `cache_position`) are not needed.
-        `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from `return_dict=False`."""
+        segments. `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from
+        `return_dict=False`."""
+        if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
+            decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
+                                                   self.config.decoder_start_token_id)
         if encoder_outputs is None:
             # The target is checked first, so that a bad target stops the call before the encoder's kernels run.
-            past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-            self.decoder._check_inputs(decoder_input_ids, decoder_inputs_embeds, None, None, decoder_attention_mask,
-                                       past_length)
+            cache = getattr(past_key_values, "self_attention_cache", past_key_values)
+            check_inputs(self.config, is_decoder=True, input_ids=decoder_input_ids,
+                         inputs_embeds=decoder_inputs_embeds, token_type_ids=None, position_ids=None,
+                         attention_mask=decoder_attention_mask, cache=cache,
+                         past_length=cache.get_seq_length() if cache is not None else 0)
             encoder_outputs = self.encoder(input_ids, attention_mask, token_type_ids, inputs_embeds=inputs_embeds,
                                            output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
         elif not isinstance(encoder_outputs, ModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
         decoder_out = self.decoder(
             decoder_input_ids, decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
             past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        output = Seq2SeqModelOutput(
+        return self._return(Seq2SeqModelOutput(
             last_hidden_state=decoder_out.last_hidden_state,
             past_key_values=decoder_out.past_key_values,
             decoder_hidden_states=decoder_out.hidden_states,
@@ -1087,20 +1007,41 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
-        )
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+        ), return_dict)
 
 
-class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationMixin):
-    """The encoder-decoder with its output projection: P(next target token | source, target so far), trained with
-    teacher forcing and sampled with `generate()` (greedy, beam search, sampling, with a key/value cache)."""
+def _seq2seq_output(output_class, out, **fields):
+    """A Seq2Seq*Output carrying the model's decoder and encoder states along with the head's own fields."""
+    return output_class(
+        **fields, past_key_values=out.past_key_values, decoder_hidden_states=out.decoder_hidden_states,
+        decoder_attentions=out.decoder_attentions, cross_attentions=out.cross_attentions,
+        encoder_last_hidden_state=out.encoder_last_hidden_state, encoder_hidden_states=out.encoder_hidden_states,
+        encoder_attentions=out.encoder_attentions,
+    )
+
+
+class VanillaSeq2SeqPreTrainedModel(VanillaPreTrainedModel):
+    """What every encoder-decoder head shares: the encoder-decoder as `self.model`."""
 
     config_class = VanillaSeq2SeqConfig
-    _skip_keys_device_placement = ["past_key_values"]
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
         self.model = VanillaSeq2SeqModel(config)
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+
+class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, GenerationMixin):
+    """The encoder-decoder with its output projection: P(next target token | source, target so far), trained with
+    teacher forcing and sampled with `generate()` (greedy, beam search, sampling, with a key/value cache)."""
+
+    def __init__(self, config: VanillaSeq2SeqConfig):
+        super().__init__(config)
         self.lm_head = VanillaLMHead(config, transform=config.lm_head_transform)
         # The output projection reads the target embedding matrix (section 3.4), itself shared with the source
         # when `share_encoder_decoder_embeddings`; tie both directly to their one source.
@@ -1111,15 +1052,6 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationM
                 "model.encoder.embeddings.word_embeddings.weight"
             )
         self.post_init()
-
-    def get_encoder(self):
-        return self.model.encoder
-
-    def get_output_embeddings(self):
-        return self.lm_head.decoder
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """Source and target share one vocabulary. transformers resizes the source embeddings and the output
@@ -1138,7 +1070,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationM
                 output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right.
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
-        _check_labels(labels, self.config.vocab_size, "vocab_size")
+        check_labels(labels, self.config.vocab_size, "vocab_size")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
             use_cache = False
@@ -1146,26 +1078,157 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaPreTrainedModel, GenerationM
                          past_key_values, token_type_ids, inputs_embeds, decoder_inputs_embeds, use_cache,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = CrossEntropyLoss()(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1).to(logits.device))
-        output = Seq2SeqLMOutput(
-            loss=loss, logits=logits, past_key_values=out.past_key_values,
-            decoder_hidden_states=out.decoder_hidden_states, decoder_attentions=out.decoder_attentions,
-            cross_attentions=out.cross_attentions, encoder_last_hidden_state=out.encoder_last_hidden_state,
-            encoder_hidden_states=out.encoder_hidden_states, encoder_attentions=out.encoder_attentions,
-        )
-        return output if _return_dict(self.config, return_dict) else output.to_tuple()
+        return self._return(_seq2seq_output(Seq2SeqLMOutput, out, loss=cross_entropy(logits, labels),
+                                            logits=logits), return_dict)
+
+
+class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
+    """One label per sequence from the encoder-decoder (BART's recipe): the source is also the decoder's input,
+    shifted right, and the decoder state at the last end-of-sequence token, which has read the whole sequence
+    through both stacks, is pooled (dense + tanh) and classified."""
+
+    def __init__(self, config: VanillaSeq2SeqConfig):
+        super().__init__(config)
+        self.pooler = VanillaLinear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+                encoder_outputs=None, token_type_ids=None, labels=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        """input_ids: (B, S), each row with the same number of `eos_token_id`s. Returns logits (B, num_labels)."""
+        if input_ids is None:
+            raise ValueError("Sequence classification reads the decoder state at the last eos token: pass input_ids.")
+        eos = input_ids == self.config.eos_token_id  # (B, S)
+        counts = eos.sum(1)
+        if not (counts > 0).all() or (counts != counts[0]).any():
+            raise ValueError(
+                f"Every row must hold the same, non-zero number of eos tokens (id {self.config.eos_token_id}), got "
+                f"{counts.tolist()}: let the tokenizer add them (add_special_tokens=True)."
+            )
+        check_sequence_labels(self.config, labels)
+        out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+                         token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True)
+        B, _, E = out.last_hidden_state.shape
+        last_eos = out.last_hidden_state[eos].view(B, -1, E)[:, -1]  # (B, E): the state at each row's last eos
+        logits = self.classifier(self.dropout(torch.tanh(self.pooler(self.dropout(last_eos)))))  # (B, num_labels)
+        return self._return(_seq2seq_output(Seq2SeqSequenceClassifierOutput, out,
+                                            loss=self._classification_loss(logits, labels), logits=logits),
+                            return_dict)
+
+
+class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
+    """Extractive QA from the encoder-decoder (BART's recipe): the decoder reads the source shifted right, and each
+    decoder state scores its token as the answer's start and end."""
+
+    def __init__(self, config: VanillaSeq2SeqConfig):
+        super().__init__(config)
+        self.qa_outputs = VanillaLinear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+                encoder_outputs=None, token_type_ids=None, start_positions=None, end_positions=None,
+                inputs_embeds=None, decoder_inputs_embeds=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """start_positions, end_positions: (B,) token indices of the answer span. Returns two (B, T) logits."""
+        out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+                         token_type_ids=token_type_ids, inputs_embeds=inputs_embeds,
+                         decoder_inputs_embeds=decoder_inputs_embeds, use_cache=False,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
+        start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
+        loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
+        return self._return(_seq2seq_output(Seq2SeqQuestionAnsweringModelOutput, out, loss=loss,
+                                            start_logits=start_logits, end_logits=end_logits), return_dict)
+
+
+# ---- the decoder alone: a causal language model ----------------------------------------------------------------
+
+
+def _decoder_only(config):
+    """A copy of an encoder-decoder config for its decoder used alone: `generate` then treats it as a causal
+    language model, not as an encoder-decoder (BART's `BartForCausalLM` does the same)."""
+    config = copy.deepcopy(config)
+    config.is_decoder, config.is_encoder_decoder = True, False
+    return config
+
+
+class VanillaDecoderModel(VanillaPreTrainedModel):
+    """The decoder stack alone, without cross-attention: masked self-attention and feed-forward (the shape of GPT).
+    Built from an encoder-decoder config, it reads `decoder_*` sizes; its weights are named as the encoder-decoder's
+    decoder (`decoder.*`), so a decoder trained either way loads into the other."""
+
+    config_class = VanillaSeq2SeqConfig
+
+    def __init__(self, config: VanillaSeq2SeqConfig):
+        super().__init__(_decoder_only(config))
+        self.decoder = VanillaStack(self.config, is_decoder=True)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.decoder.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.decoder.embeddings.word_embeddings = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        out = self.decoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                           past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
+                           output_hidden_states=output_hidden_states)
+        return self._return(out, return_dict)
+
+
+class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
+    """The decoder alone with its output projection: P(next token | tokens so far), trained on shifted labels and
+    sampled with `generate()`. The third transformer family, next to the encoder and the encoder-decoder."""
+
+    config_class = VanillaSeq2SeqConfig
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.decoder.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: VanillaSeq2SeqConfig):
+        super().__init__(_decoder_only(config))
+        self.model = VanillaDecoderModel(self.config)
+        self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform)
+        self.post_init()
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                past_key_values=None, labels=None, use_cache=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here)."""
+        check_labels(labels, self.config.vocab_size, "vocab_size")
+        out = self.model(input_ids, attention_mask, position_ids, inputs_embeds, past_key_values, use_cache,
+                         output_attentions, output_hidden_states, return_dict=True)
+        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.config.vocab_size)
+        return self._return(CausalLMOutputWithCrossAttentions(
+            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        ), return_dict)
 
 
 __all__ = [
     "VanillaPreTrainedModel",
     "VanillaEncoderModel",
     "VanillaEncoderForMaskedLM",
+    "VanillaEncoderForCausalLM",
+    "VanillaEncoderForPreTraining",
+    "VanillaEncoderForNextSentencePrediction",
     "VanillaEncoderForSequenceClassification",
+    "VanillaEncoderForMultipleChoice",
     "VanillaEncoderForTokenClassification",
     "VanillaEncoderForQuestionAnswering",
     "VanillaEncoderForReplacedTokenDetection",
     "VanillaSeq2SeqModel",
     "VanillaSeq2SeqForConditionalGeneration",
+    "VanillaSeq2SeqForSequenceClassification",
+    "VanillaSeq2SeqForQuestionAnswering",
+    "VanillaDecoderModel",
+    "VanillaDecoderForCausalLM",
 ]

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import hf_vanilla.modeling_vanilla as modeling
+from hf_vanilla.modeling_vanilla import shift_tokens_right
+from numerics import assert_close
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
@@ -226,11 +228,33 @@ def test_shared_position_and_token_type_rows(attn):
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("shape", [(B, T - 1), (B, T + 1), (B + 1, T), (B, 1, T), (B, 1, 1, T), (T,)])
+@pytest.mark.parametrize("shape", [(B, T - 1), (B, T + 1), (B + 1, T), (B, 1, T), (T,)])
 def test_attention_mask_shape(attn, shape):
     assert_refused(encoder(attn), [rf"attention_mask has shape {re.escape(str(shape))}",
                                    rf"should be \({B}, {T}\)", "tokenizer's attention_mask"],
                    input_ids=ids(), attention_mask=torch.ones(shape, dtype=torch.long))
+
+
+@pytest.mark.parametrize("shape", [(B, 1, T, T + 1), (B, 2, T, T), (B + 1, 1, T, T), (B, 1, 2, T)])
+def test_4d_attention_mask_shape(shape):
+    assert_refused(encoder(), [r"A 4-D attention_mask must be \(batch, 1, query length, key length\)",
+                               re.escape(f"({B}, 1, {T}, {T})"), re.escape(str(shape))],
+                   input_ids=ids(), attention_mask=torch.ones(shape, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_4d_attention_mask_is_used_as_given(attn):
+    """A 4-D mask (as transformers' mask utilities build them) is the caller's final word: bool, 1/0 or additive,
+    per query or broadcast over queries, it gives what the equivalent 2-D padding mask gives at real tokens."""
+    model, input_ids, mask = encoder(attn), ids(), padded_mask()
+    real = mask.bool()
+    keys = real[:, None, None, :]  # (B, 1, 1, S)
+    additive = torch.zeros(B, 1, T, T).masked_fill(~keys, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        for four_d in (keys, keys.expand(B, 1, T, T).long(), additive):
+            got = model(input_ids=input_ids, attention_mask=four_d).last_hidden_state
+            assert_close(got[real], expected[real])
 
 
 @pytest.mark.parametrize("value", [2, -1, 0.5])
@@ -328,8 +352,22 @@ def test_decoder_attention_mask_shape_and_values():
 
 
 def test_decoder_needs_an_input():
-    assert_refused(seq2seq(), [r"Pass exactly one of decoder_input_ids or decoder_inputs_embeds \(or labels"],
-                    input_ids=ids())
+    model = seq2seq()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(ids())
+    decoder_refused(model, [r"Pass exactly one of decoder_input_ids or decoder_inputs_embeds \(or labels"],
+                    encoder_outputs=encoder_outputs)
+
+
+def test_without_a_target_the_decoder_reads_the_source_shifted_right():
+    """BART's convention, which the encoder-decoder's classification and QA heads rely on."""
+    model, source = seq2seq(), ids()
+    config = model.config
+    with torch.no_grad():
+        implicit = model(input_ids=source).logits
+        explicit = model(input_ids=source, decoder_input_ids=shift_tokens_right(
+            source, config.pad_token_id, config.decoder_start_token_id)).logits
+    assert torch.equal(implicit, explicit)
 
 
 def test_encoder_outputs_must_match_the_target_batch_and_the_mask():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
-from hf_vanilla.modeling_vanilla import VanillaStack
+import hf_vanilla.modeling_vanilla as modeling
 
 TOLERANCE = 1e-5  # float32, absolute, at real tokens
 B, T = 7, 24
@@ -70,9 +70,13 @@ def test_packed_equals_padded_eager(model, attn, case, monkeypatch):
                   output_hidden_states=True)
 
     packed_calls = []
-    original = VanillaStack._encode_packed
-    monkeypatch.setattr(VanillaStack, "_encode_packed",
-                        lambda self, *a, **k: packed_calls.append(1) or original(self, *a, **k))
+
+    class RecordedPackedBatch(modeling.PackedBatch):
+        def __init__(self, *args):
+            packed_calls.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(modeling, "PackedBatch", RecordedPackedBatch)
     with torch.no_grad():
         model.set_attn_implementation("eager")
         padded = model(**inputs, output_attentions=True)  # attention maps: the padded path

@@ -1,0 +1,78 @@
+"""Padding-free execution of a padded batch.
+
+A padded batch of natural text is often two-thirds padding. Everything in a transformer layer but attention works
+on each position alone (embeddings, the Q/K/V/O projections, the feed-forward, LayerNorm), so it can run on the N
+real tokens of the batch laid end to end as one (N, E) tensor, and skip the padding entirely. Attention mixes
+positions, so it runs within each sequence: neighbouring sequences of equal length are one (count, H, L, D) view of
+the packed tensor, without a copy, and share one kernel call, so a mostly full batch costs a few calls rather than
+one per row. The result is scattered back to (B, T, E) once, at the end.
+
+What it guarantees: at every real token the output equals the padded computation's up to float32 rounding (the
+same sums over the same keys, in another kernel); padding positions come back as zeros. It is used only where
+nothing else can differ: an encoder (no causal mask, no cache), a 2-D padding mask with at least one token, no
+attention maps asked for, and not while tracing or exporting (shapes here depend on the mask's values).
+"""
+
+import itertools
+
+import torch
+
+from .kernels import is_tracing
+
+
+def has_padding(mask) -> bool:
+    """Whether a 1/0 `attention_mask` hides any token. A mask of ones needs no masking at all: attention then runs
+    without a mask, bit for bit what it gives without `attention_mask`. (Always True while tracing, where the
+    graph must not depend on the mask's values.)"""
+    return mask is not None and (is_tracing() or not mask.all())
+
+
+def can_pack(attention_mask, output_attentions: bool) -> bool:
+    """Whether an encoder's batch runs padding-free (see the module docstring for the conditions)."""
+    return (
+        attention_mask is not None
+        and attention_mask.dim() == 2
+        and not output_attentions
+        and not is_tracing()
+        and not attention_mask.all()
+        and bool(attention_mask.any())  # a batch of nothing but padding has no token to pack
+    )
+
+
+class PackedBatch:
+    """Where the real tokens of a padded batch sit: `pack` gathers them, `unpack` scatters results back."""
+
+    def __init__(self, attention_mask):
+        self.batch_size, self.length = attention_mask.shape  # B, T
+        keep = attention_mask.bool()
+        self.indices = keep.flatten().nonzero().squeeze(1)  # (N,): where the real tokens sit in the flattened batch
+        self.seq_lens = [n for n in keep.sum(1).tolist() if n > 0]  # a row that is all padding has nothing to attend
+
+    def pack(self, x):
+        """(B, T, ...) -> (N, ...); None stays None."""
+        return None if x is None else x.reshape(self.batch_size * self.length, *x.shape[2:])[self.indices]
+
+    def unpack(self, x):
+        """(N, E) -> (B, T, E), zeros at padding."""
+        rows = x.new_zeros(self.batch_size * self.length, x.shape[-1]).index_copy_(0, self.indices, x)
+        return rows.view(self.batch_size, self.length, -1)
+
+
+def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, dropout, scaling):
+    """Attention for sequences laid end to end: query, key, value (N, H, D) -> context (N, H*D).
+
+    Each run of equal-length neighbours is one (count, H, L, D) batch; 4-D inputs keep sdpa on its fused CPU
+    kernels (3-D ones fall back to plain math)."""
+    N, H, D = query.shape
+    contexts, start = [], 0
+    for length, run in itertools.groupby(seq_lens):
+        count = len(list(run))
+        end = start + count * length
+        q, k, v = (x[start:end].view(count, length, H, D).transpose(1, 2) for x in (query, key, value))  # (c, H, L, D)
+        context, _ = attention_fn(module, q, k, v, None, dropout=dropout, scaling=scaling)  # (count, L, H, D)
+        contexts.append(context.reshape(end - start, H * D))  # (count * L, E): Concat(head_1..head_H)
+        start = end
+    return contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, E)
+
+
+__all__ = ["PackedBatch", "attend_within_sequences", "can_pack", "has_padding"]

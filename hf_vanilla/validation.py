@@ -1,0 +1,184 @@
+"""Input checks, and their messages.
+
+A bad id reaches an index kernel as an opaque error (on a GPU, a device-side assert that poisons the process), a
+mask of the wrong shape broadcasts silently, and a label outside the classes indexes past the logits. So every
+public forward refuses such input *before any kernel runs*, with a `ValueError` that names the argument, the
+offending value or shape, the limit, and the fix.
+
+What is checked: which of ids/embeddings is given; integer dtypes (int64 or int32, what `nn.Embedding` takes);
+shapes of every id tensor and mask (2-D padding masks of 1/0, or 4-D masks as transformers builds them); the range
+of token, segment and position ids; sequence length against the position table; mask values; labels against the
+number of classes. Shapes and dtypes are always checked; values cost one min/max reduction per tensor and are
+skipped while tracing, where a graph must not depend on them.
+"""
+
+import torch
+
+from .kernels import is_tracing
+
+IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
+ID_DTYPES = (torch.int64, torch.int32)
+
+
+def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask,
+                 past_length=0, cache=None, encoder_hidden_states=None, encoder_attention_mask=None):
+    """Refuse bad input to a stack with a message naming the problem and the fix.
+
+    `past_length` counts the tokens already in the key/value `cache`, whose size also sets how many keys a 4-D
+    mask must cover (past + new tokens, or a static cache's full length)."""
+    prefix = "decoder_" if is_decoder and getattr(config, "is_encoder_decoder", False) else ""  # names the caller used
+    ids_name, embeds_name, mask_name = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
+    if (input_ids is None) == (inputs_embeds is None):
+        hint = " (or labels, which are shifted right into decoder_input_ids)" if prefix else ""
+        raise ValueError(f"Pass exactly one of {ids_name} or {embeds_name}{hint}.")
+    if input_ids is not None:
+        _check_integer(ids_name, input_ids)
+        if input_ids.dim() != 2:
+            fix = f"add a batch dimension with {ids_name}[None]" if input_ids.dim() == 1 else "one row per sequence"
+            raise ValueError(f"{ids_name} must be (batch, length), got shape {tuple(input_ids.shape)}: {fix}.")
+        shape = tuple(input_ids.shape)
+    else:
+        width = config.embedding_size
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
+            raise ValueError(
+                f"{embeds_name} must be (batch, length, embedding_size={width}), got shape "
+                f"{tuple(inputs_embeds.shape)}."
+            )
+        shape = tuple(inputs_embeds.shape[:2])
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
+    key_length = cache.get_mask_sizes(shape[1], 0)[0] if cache is not None else shape[1]
+    _check_mask_shape(mask_name, attention_mask, shape, past_length, key_length, ids_name)
+    for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if ids is None:
+            continue
+        _check_integer(name, ids)
+        rows = 1 if ids.dim() == 1 else ids.shape[0]
+        if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (shape[0], 1):
+            raise ValueError(
+                f"{name} has shape {tuple(ids.shape)} but {ids_name} has shape {shape}: pass one id per token, "
+                f"as {shape} (or (1, {shape[1]}) shared by every row)."
+            )
+    if encoder_hidden_states is not None:
+        source_shape = tuple(encoder_hidden_states.shape[:2])
+        if source_shape[0] != shape[0]:
+            raise ValueError(
+                f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
+                f"row per source row."
+            )
+        if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != source_shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(encoder_attention_mask.shape)} but the encoder output covers "
+                f"{source_shape} source tokens: pass the attention_mask that came with the source input_ids."
+            )
+    if is_tracing():
+        return
+    _check_mask_values(mask_name, attention_mask)
+    _check_mask_values("attention_mask", encoder_attention_mask)
+    _check_range(ids_name, input_ids, config.vocab_size, "vocab_size",
+                 "use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
+    if config.type_vocab_size > 0:
+        _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
+                     "segment ids count sentences (BERT: 0 for the first, 1 for the second)")
+    elif token_type_ids is not None and not is_decoder and token_type_ids.any():
+        raise ValueError("This model has no token types (type_vocab_size=0); drop token_type_ids.")
+    max_length = config.max_position_embeddings - config.position_offset
+    if position_ids is None and past_length + shape[1] > max_length:
+        what = "decoder sequence (cache included)" if is_decoder else "sequence"
+        fix = "; when generating, lower max_new_tokens" if is_decoder else ""
+        raise ValueError(
+            f"The {what} has {past_length + shape[1]} tokens but the position table allows at most {max_length} "
+            f"(max_position_embeddings={config.max_position_embeddings}, position_offset="
+            f"{config.position_offset}): truncate the input, e.g. tokenizer(..., truncation=True, "
+            f"max_length={max_length}){fix}."
+        )
+    _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
+                 "pass positions below the table's length, or truncate the input")
+
+
+def check_labels(labels, num_classes, limit_name):
+    """Class labels in [0, num_classes), or -100 where no label applies. Checked before the model runs: the loss
+    would index its logits with them, an opaque device-side assert on GPU."""
+    if labels is None or is_tracing():
+        return
+    _check_integer("labels", labels)
+    _check_range("labels", labels.masked_fill(labels == IGNORE_INDEX, 0), num_classes, limit_name,
+                 f"labels are class ids, with {IGNORE_INDEX} where no label applies")
+
+
+def check_sequence_labels(config, labels):
+    """Sequence classification's labels are class ids where its loss will be single-label cross-entropy, which
+    transformers decides from `config.problem_type` or, unset, from num_labels and the labels' dtype (as BERT
+    does); regression and multi-label targets are not class ids."""
+    if labels is None:
+        return
+    problem = config.problem_type
+    if problem == "single_label_classification" or (
+        problem is None and config.num_labels > 1 and labels.dtype in ID_DTYPES
+    ):
+        check_labels(labels, config.num_labels, "num_labels")
+
+
+def _check_integer(name, ids):
+    if ids.dtype not in ID_DTYPES:
+        raise ValueError(
+            f"{name} must hold integer ids, got dtype {ids.dtype}: convert with {name}.long() (int64 or int32 is "
+            f"what an embedding or a loss indexes with)."
+        )
+
+
+def _check_mask_shape(name, mask, shape, past_length, key_length, ids_name):
+    """A 2-D padding mask has one 1/0 per token (of the cache too, when decoding). A 4-D mask, as transformers'
+    mask utilities and `generate` with a static cache build it, is (batch or 1, 1, length or 1, keys) and is used
+    as given: True/1 (or an additive 0) where a query may attend, False/0 (or a large negative number) where not."""
+    if mask is None:
+        return
+    if mask.is_complex():
+        raise ValueError(f"{name} must be bool, integer or float, got {mask.dtype}: pass the tokenizer's mask.")
+    if mask.dim() == 4:
+        if (mask.shape[0] not in (1, shape[0]) or mask.shape[1] != 1 or mask.shape[2] not in (1, shape[1])
+                or mask.shape[3] != key_length):
+            raise ValueError(
+                f"A 4-D {name} must be (batch, 1, query length, key length) = ({shape[0]}, 1, {shape[1]}, "
+                f"{key_length}) (batch and query length may be 1, to broadcast), got {tuple(mask.shape)}."
+            )
+        return
+    with_cache = (shape[0], past_length + shape[1])
+    if tuple(mask.shape) not in (shape, with_cache):
+        expected = with_cache if past_length else shape
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but should be {expected}, one 1/0 per token of {ids_name} "
+            f"{shape}{' and of the cache' if past_length else ''}: pass the tokenizer's attention_mask (or a 4-D "
+            f"mask of shape (batch, 1, query length, key length))."
+        )
+
+
+def _check_mask_values(name, mask):
+    """Padding masks are 1 (token) / 0 (padding); any other value would be read differently by the padded and
+    packed paths. A float 4-D mask is additive and taken as given."""
+    if mask is None or mask.dtype == torch.bool or (mask.dim() == 4 and mask.is_floating_point()):
+        return
+    if mask.is_floating_point():
+        valid = bool(((mask == 0) | (mask == 1)).all())
+    else:  # integers hold nothing but 1 and 0 when their extremes do: one reduction
+        low, high = (int(x) for x in torch.aminmax(mask))
+        valid = low >= 0 and high <= 1
+    if not valid:
+        invalid = (mask != 0) & (mask != 1)
+        raise ValueError(
+            f"{name} must hold 1 (token) or 0 (padding), got {mask[invalid][0].item()}: pass the tokenizer's "
+            f"attention_mask (an additive mask must be 4-D: (batch, 1, query length, key length))."
+        )
+
+
+def _check_range(name, ids, limit, limit_name, fix):
+    """Every id in [0, limit), else a ValueError naming the offending value, the limit and `fix`."""
+    if ids is None:
+        return
+    low, high = (int(x) for x in torch.aminmax(ids))
+    if low < 0 or high >= limit:
+        bad = high if high >= limit else low
+        raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
+
+
+__all__ = ["IGNORE_INDEX", "check_inputs", "check_labels", "check_sequence_labels"]
