@@ -4,13 +4,13 @@ import argparse
 import gc
 import sys
 
-from . import bert
+from . import bart, bert
 from . import seq2seq
 from . import distilbert, electra, roberta
 from . import onnx_export
 from .common import ConversionError
 
-CONVERTERS = [bert, seq2seq, roberta, distilbert, electra, onnx_export]
+CONVERTERS = [bert, seq2seq, bart, roberta, distilbert, electra, onnx_export]
 
 
 def main(argv=None) -> int:

@@ -397,54 +397,65 @@ def marian_table(config: VanillaSeq2SeqConfig) -> dict[str, str]:
     return table
 
 
-def marian_config(marian: dict) -> VanillaSeq2SeqConfig:
-    """MarianConfig dict -> ours. Marian is the paper's model with three of its own choices: swish, sinusoids
-    stored sines-then-cosines ("concatenated"), and a final logits bias (our output projection's bias)."""
-    shared = marian.get("share_encoder_decoder_embeddings", True)
-    vocab_size = marian.get("vocab_size", 58101)
-    decoder_vocab_size = marian.get("decoder_vocab_size") or vocab_size
+def fairseq_config(source: dict, title: str, **choices) -> VanillaSeq2SeqConfig:
+    """A BART-family config dict (MarianConfig, BartConfig: fairseq's field names) -> ours; `choices` are the
+    format's own (positions, embedding LayerNorm, defaults)."""
+    shared = source.get("share_encoder_decoder_embeddings", True)
+    vocab_size = source.get("vocab_size", 58101)
+    decoder_vocab_size = source.get("decoder_vocab_size") or vocab_size
     if decoder_vocab_size != vocab_size and not shared:
         raise ConversionError(
             f"Separate source and target vocabularies of different sizes ({vocab_size} vs {decoder_vocab_size}) "
             f"have no vanilla equivalent: our encoder and decoder embed the same vocabulary."
         )
     for ignored in ("activation_dropout", "encoder_layerdrop", "decoder_layerdrop"):
-        if marian.get(ignored):
-            print(f"Note: {ignored}={marian[ignored]} is training-time regularisation the vanilla model does not "
+        if source.get(ignored):
+            print(f"Note: {ignored}={source[ignored]} is training-time regularisation the vanilla model does not "
                   f"have; inference is unaffected.")
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=source.get("d_model", 1024),
+        num_hidden_layers=source.get("encoder_layers", 12),
+        num_attention_heads=source.get("encoder_attention_heads", 16),
+        intermediate_size=source.get("encoder_ffn_dim", 4096),
+        decoder_layers=source.get("decoder_layers", 12),
+        decoder_attention_heads=source.get("decoder_attention_heads", 16),
+        decoder_intermediate_size=source.get("decoder_ffn_dim", 4096),
+        hidden_act=source.get("activation_function", "gelu"),
+        hidden_dropout_prob=source.get("dropout", 0.1),
+        attention_probs_dropout_prob=source.get("attention_dropout", 0.0),
+        initializer_range=source.get("init_std", 0.02),
+        type_vocab_size=0,
+        layer_norm_eps=1e-5,  # fairseq's LayerNorms use torch's default
+        scale_embeddings=source.get("scale_embedding", False),
+        pre_norm=False,
+        lm_head_transform=False,
+        share_encoder_decoder_embeddings=shared and source.get("tie_word_embeddings", True),
+        tie_word_embeddings=source.get("tie_word_embeddings", True),
+        bos_token_id=source.get("bos_token_id"),
+    )
+    if source.get("id2label"):  # the classification head's labels
+        fields |= {"id2label": {int(k): v for k, v in source["id2label"].items()}, "label2id": source.get("label2id")}
     try:
-        return VanillaSeq2SeqConfig(
-            vocab_size=vocab_size,
-            hidden_size=marian.get("d_model", 1024),
-            num_hidden_layers=marian.get("encoder_layers", 12),
-            num_attention_heads=marian.get("encoder_attention_heads", 16),
-            intermediate_size=marian.get("encoder_ffn_dim", 4096),
-            decoder_layers=marian.get("decoder_layers", 12),
-            decoder_attention_heads=marian.get("decoder_attention_heads", 16),
-            decoder_intermediate_size=marian.get("decoder_ffn_dim", 4096),
-            hidden_act=marian.get("activation_function", "gelu"),
-            hidden_dropout_prob=marian.get("dropout", 0.1),
-            attention_probs_dropout_prob=marian.get("attention_dropout", 0.0),
-            max_position_embeddings=marian.get("max_position_embeddings", 1024),
-            initializer_range=marian.get("init_std", 0.02),
-            type_vocab_size=0,
-            layer_norm_eps=1e-5,  # Marian's LayerNorms use torch's default
-            position_embedding_type="sinusoidal",
-            sinusoidal_layout="concatenated",
-            embedding_layer_norm=False,
-            scale_embeddings=marian.get("scale_embedding", False),
-            pre_norm=False,
-            lm_head_transform=False,
-            share_encoder_decoder_embeddings=shared and marian.get("tie_word_embeddings", True),
-            tie_word_embeddings=marian.get("tie_word_embeddings", True),
-            pad_token_id=marian.get("pad_token_id", 58100),
-            bos_token_id=marian.get("bos_token_id"),
-            eos_token_id=marian.get("eos_token_id", 0),
-            decoder_start_token_id=marian.get("decoder_start_token_id", 58100),
-            architectures=["VanillaSeq2SeqForConditionalGeneration"],
-        )
+        return VanillaSeq2SeqConfig(**(fields | choices))
     except ValueError as error:
-        raise ConversionError(f"The Marian configuration has no vanilla equivalent: {error}") from None
+        raise ConversionError(f"The {title} configuration has no vanilla equivalent: {error}") from None
+
+
+def marian_config(marian: dict) -> VanillaSeq2SeqConfig:
+    """MarianConfig dict -> ours. Marian is the paper's model with three of its own choices: swish, sinusoids
+    stored sines-then-cosines ("concatenated"), and a final logits bias (our output projection's bias)."""
+    return fairseq_config(
+        marian, "Marian",
+        max_position_embeddings=marian.get("max_position_embeddings", 1024),
+        position_embedding_type="sinusoidal",
+        sinusoidal_layout="concatenated",
+        embedding_layer_norm=False,
+        pad_token_id=marian.get("pad_token_id", 58100),
+        eos_token_id=marian.get("eos_token_id", 0),
+        decoder_start_token_id=marian.get("decoder_start_token_id", 58100),
+        architectures=["VanillaSeq2SeqForConditionalGeneration"],
+    )
 
 
 def marian_embeddings(tensors: dict, config: VanillaSeq2SeqConfig) -> dict:

@@ -517,6 +517,9 @@ class VanillaPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _no_split_modules = ["VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
+    # One graph per shape: checks of values and the padding-free path step aside while tracing, and a static cache's
+    # length is read from the cache, so `generate` may compile the forward (tests/test_heads.py compiles a step).
+    _can_compile_fullgraph = True
     # Our losses are per-batch means and ignore `num_items_in_batch`. Without this, Trainer sees `**kwargs` in
     # forward, assumes the loss is already normalised for gradient accumulation and skips dividing by the number of
     # accumulated steps: every update (and logged loss) would be that many times too large.
@@ -1173,10 +1176,11 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.decoder.embeddings.word_embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
-        out = self.decoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """Positions count from the start of the input, padding included, as BartForCausalLM's do (it takes no
+        `position_ids`, so neither does this: `generate` would pass positions without the table's offset)."""
+        out = self.decoder(input_ids, attention_mask, inputs_embeds=inputs_embeds,
                            past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states)
         return self._return(out, return_dict)
@@ -1198,12 +1202,11 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
     def get_decoder(self):
         return self.model.decoder
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                past_key_values=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, labels=None,
+                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self.model(input_ids, attention_mask, position_ids, inputs_embeds, past_key_values, use_cache,
+        out = self.model(input_ids, attention_mask, inputs_embeds, past_key_values, use_cache,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.config.vocab_size)

@@ -9,7 +9,7 @@ What traces, and how:
 - `torch.compile(model, fullgraph=True)` (which raises on any graph break) gives the eager outputs, with
   `output_attentions=True` (eager attention) too: no feature of the model forces a break.
 
-Under tracing the encoder takes its padded path with a static mask (`_is_tracing()` in modeling_vanilla.py): the
+Under tracing the encoder takes its padded path with a static mask (`is_tracing()` in hf_vanilla/kernels.py): the
 packed fast path (`nonzero`, per-sequence `split` with Python lengths) and the input value checks (`.item()`-like
 reads) depend on data. The graphs below are checked to contain no such operation. Eager runs pack padded batches,
 which leaves zeros at padding positions, so token-level outputs are compared on real tokens only.

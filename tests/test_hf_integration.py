@@ -73,13 +73,17 @@ REMOTE_SCRIPT = textwrap.dedent(
                 # Another task's head is initialised afresh; where its tensor names collide with this head's
                 # (a `classifier` of another width), the checkpoint's tensor is skipped, as for any BERT.
                 own_head = target.rpartition(".")[2] == architecture
+                causal = auto_name == "AutoModelForCausalLM"  # BERT's causal LM: the encoder masked to the past
                 model = getattr(transformers, auto_name).from_pretrained(
-                    item["vanilla"], trust_remote_code=True, ignore_mismatched_sizes=not own_head).eval()
+                    item["vanilla"], trust_remote_code=True, ignore_mismatched_sizes=not own_head,
+                    **({"is_decoder": True} if causal else {})).eval()
                 check["class"] = type(model).__name__
                 check["module"] = type(model).__module__
                 check["config_module"] = type(model.config).__module__
+                choices = auto_name == "AutoModelForMultipleChoice"  # (1, C, T): the rows are one question's choices
                 with torch.no_grad():
-                    ours = model(**batch, output_hidden_states=True)
+                    ours = model(**({k: v[None] for k, v in batch.items()} if choices else batch),
+                                 output_hidden_states=True)
                     if own_head:  # the checkpoint's own head: compare its output
                         ref_name, field = REFERENCE_CLASS[architecture]
                         reference = getattr(transformers, ref_name).from_pretrained(item["reference"]).eval()
@@ -94,7 +98,7 @@ REMOTE_SCRIPT = textwrap.dedent(
                             pooled = (ours.pooler_output - theirs.pooler_output).abs().max().item()
                             check["max_diff"] = max(check["max_diff"], pooled)
                     else:  # another task's head, freshly initialised: the encoder it sits on must still match
-                        theirs = BertModel.from_pretrained(item["reference"]).eval()(**batch)
+                        theirs = BertModel.from_pretrained(item["reference"], is_decoder=causal).eval()(**batch)
                         check["max_diff"] = max_diff(ours.hidden_states[-1], theirs.last_hidden_state, mask)
             except Exception as error:
                 check["error"] = f"{type(error).__name__}: {error}"
@@ -171,7 +175,8 @@ def test_a_resaved_checkpoint_carries_its_code(resaved):
     """A folder saved by save_pretrained (not by the converter) keeps the full auto_map it was loaded with; the code
     files it names must be there, and each Auto class must still name its own class."""
     _, directory = resaved
-    assert (directory / "configuration_vanilla.py").is_file() and (directory / "modeling_vanilla.py").is_file()
+    code_files = ("configuration_vanilla.py", "modeling_vanilla.py", "kernels.py", "packing.py", "validation.py")
+    assert all((directory / name).is_file() for name in code_files)  # the modeling file's relative imports travel
     auto_map = json.loads((directory / "config.json").read_text())["auto_map"]
     assert auto_map["AutoConfig"] == "configuration_vanilla.VanillaEncoderConfig"
     assert auto_map["AutoModel"] == "modeling_vanilla.VanillaEncoderModel"

@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 from torch.profiler import profile
 
-from hf_vanilla.modeling_vanilla import _ONEDNN, VanillaLinear
+from hf_vanilla.kernels import _ONEDNN, VanillaLinear
 
 TOLERANCE = 1e-5  # float32, absolute
 ONEDNN_OP = "mkldnn::_linear_pointwise"

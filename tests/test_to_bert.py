@@ -136,14 +136,13 @@ def test_round_trip_of_real_minilm_with_tokenizer(minilm_path, tmp_path):
     assert torch.equal(expected.pooler_output, got.pooler_output)
 
 
-def test_pretraining_round_trip_keeps_everything_but_nsp_and_pooler(tmp_path):
-    """BertForPreTraining -> vanilla MLM (NSP dropped) -> BertForMaskedLM, which has no pooler either."""
+def test_pretraining_round_trip_keeps_everything(tmp_path):
+    """BertForPreTraining -> VanillaEncoderForPreTraining -> BertForPreTraining: pooler and NSP head included."""
     torch.manual_seed(0)
     transformers.BertForPreTraining(BertConfig(**TINY)).save_pretrained(tmp_path / "original")
-    written, printed = round_trip(tmp_path / "original", tmp_path)
-    assert "the pooler is dropped: BertForMaskedLM has none" in printed
+    written, _ = round_trip(tmp_path / "original", tmp_path)
     original, result = load_file(tmp_path / "original" / "model.safetensors"), load_file(written / "model.safetensors")
-    assert sorted(result) == sorted(k for k in original if "seq_relationship" not in k and "pooler" not in k)
+    assert sorted(result) == sorted(original) and any("seq_relationship" in k for k in result)
     assert all(torch.equal(result[k], original[k]) for k in result)
 
 
@@ -181,12 +180,14 @@ def test_fine_tuned_vanilla_classifier_converts(tmp_path):
 
 
 @pytest.mark.parametrize("model_class", [VanillaEncoderForMaskedLM, VanillaEncoderForTokenClassification])
-def test_vanilla_model_with_a_pooler_bert_does_not_build(model_class, tmp_path):
+def test_heads_bert_builds_without_a_pooler_have_none(model_class, tmp_path):
+    """Built as BERT builds them: no pooler nobody reads (it would never train), so to-bert maps every tensor."""
     torch.manual_seed(0)
-    model = model_class(VanillaEncoderConfig(**TINY)).eval()  # use_pooler=True by default
+    model = model_class(VanillaEncoderConfig(**TINY)).eval()  # use_pooler=True by default: the config's, not theirs
+    assert model.model.pooler is None
     model.save_pretrained(tmp_path / "vanilla")
     status, printed = cli("to-bert", "--source", tmp_path / "vanilla", "--output", tmp_path / "bert")
-    assert status == 0 and "the pooler is dropped" in printed
+    assert status == 0
     bert = AUTO[model_class.__name__.replace("VanillaEncoder", "Bert")].from_pretrained(tmp_path / "bert").eval()
     batch = batch_for(TINY["vocab_size"])
     with torch.no_grad():
@@ -243,7 +244,7 @@ def test_refuses_a_sequence_classifier_without_pooler(tmp_path, capsys):
     VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**TINY, use_pooler=False)).save_pretrained(
         tmp_path / "vanilla")
     assert main(["to-bert", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "bert")]) == 2
-    assert "use_pooler=False (BERT classifies sequences from its pooler" in capsys.readouterr().err
+    assert "use_pooler=False (BertForSequenceClassification reads its pooler; needs True)" in capsys.readouterr().err
 
 
 def test_refuses_sources_that_are_not_vanilla_encoders(tmp_path, capsys):

@@ -1,0 +1,304 @@
+"""BART <-> the vanilla encoder-decoder, and BART's decoder alone <-> ours.
+
+BART (Lewis et al., 2020, https://arxiv.org/abs/1910.13461) is the paper's encoder-decoder with BERT's habits: GELU,
+learned positions (numbered from 2, after fairseq's padding index), and a LayerNorm on the summed embeddings.
+`python -m conversion bart` maps each BART class into its vanilla counterpart; `to-bart` maps it back. Both read one
+key table (Marian's layer table, which BART shares, plus its embeddings), the reverse right to left, so the round
+trip returns every tensor bit for bit.
+"""
+
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import transformers
+from transformers import BartConfig, GenerationConfig
+
+from hf_vanilla import (
+    VanillaDecoderForCausalLM,
+    VanillaSeq2SeqConfig,
+    VanillaSeq2SeqForConditionalGeneration,
+    VanillaSeq2SeqForQuestionAnswering,
+    VanillaSeq2SeqForSequenceClassification,
+    VanillaSeq2SeqModel,
+)
+
+from .common import (
+    ConversionError,
+    atomic_output,
+    build_model,
+    copy_side_files,
+    expand_table,
+    load_tensors,
+    map_tensors,
+    read_config,
+    reference_model,
+    require_model_type,
+    require_parity,
+    resolve_source,
+    write_conversion,
+)
+from .seq2seq import (
+    MARIAN_CROSS_ATTENTION_TABLE,
+    MARIAN_LAYER_TABLE,
+    _command,
+    _common_arguments,
+    fairseq_config,
+    generation_ids,
+    marian_embeddings,
+    save_seq2seq,
+    source_batch,
+    verify_seq2seq,
+    with_generation_config,
+)
+
+POSITION_OFFSET = 2  # BART numbers positions from padding_idx + 1, as fairseq did
+
+
+class Head(NamedTuple):
+    ours: type  # our class
+    table: tuple = ()  # BART module -> ours, outside the stacks
+    stacks: tuple = ("encoder", "decoder")
+
+
+HEADS = {
+    "BartModel": Head(VanillaSeq2SeqModel),
+    "BartForConditionalGeneration": Head(VanillaSeq2SeqForConditionalGeneration),
+    "BartForSequenceClassification": Head(VanillaSeq2SeqForSequenceClassification, (
+        ("classification_head.dense", "pooler"), ("classification_head.out_proj", "classifier"))),
+    "BartForQuestionAnswering": Head(VanillaSeq2SeqForQuestionAnswering, (("qa_outputs", "qa_outputs"),)),
+    # BART's decoder alone keeps cross-attention weights it never runs; ours is built without them.
+    "BartForCausalLM": Head(VanillaDecoderForCausalLM, stacks=("decoder",)),
+}
+
+
+def key_table(config: VanillaSeq2SeqConfig, head: str) -> dict[str, str]:
+    """BART module -> our module, in the key space of BART's head classes (`model.` prefixed)."""
+    table = dict(HEADS[head].table)
+    cross_attention = HEADS[head].stacks == ("encoder", "decoder")
+    for stack in HEADS[head].stacks:
+        prefix = f"model.{stack}."
+        table[prefix + "embed_positions"] = prefix + "embeddings.position_embeddings"
+        table[prefix + "layernorm_embedding"] = prefix + "embeddings.norm"
+        layer_table = MARIAN_LAYER_TABLE + (MARIAN_CROSS_ATTENTION_TABLE if stack == "decoder" and cross_attention else [])
+        rows = [(f"{prefix}layers.{{i}}.{bart}", f"{prefix}layers.{{i}}.{ours}") for bart, ours in layer_table]
+        table.update(expand_table(rows, config.decoder_layers if stack == "decoder" else config.num_hidden_layers))
+    return table
+
+
+def unused_cross_attention(config: VanillaSeq2SeqConfig, head: str) -> dict[str, str]:
+    """BartForCausalLM's layers carry cross-attention weights that it never runs (it has no encoder): dropped."""
+    if head != "BartForCausalLM":
+        return {}
+    return {f"model.decoder.layers.{i}.encoder_attn": "cross-attention of a decoder that has no encoder to attend "
+            "to (BartForCausalLM never runs it)" for i in range(config.decoder_layers)}
+
+
+def head_for(bart: dict) -> str:
+    architecture = (bart.get("architectures") or ["BartForConditionalGeneration"])[0]
+    if architecture not in HEADS:
+        raise ConversionError(f"No vanilla class matches {architecture!r}; `bart` converts {sorted(HEADS)}.")
+    return architecture
+
+
+def vanilla_config(bart: dict, head: str) -> VanillaSeq2SeqConfig:
+    """BartConfig dict -> ours: learned positions numbered from 2, a LayerNorm on the embeddings, no segments."""
+    if bart.get("normalize_before") or bart.get("add_final_layer_norm"):
+        raise ConversionError("Pre-LN BART variants (mBART) need a final LayerNorm per stack; only BART converts.")
+    return fairseq_config(
+        bart, "BART",
+        max_position_embeddings=bart.get("max_position_embeddings", 1024) + POSITION_OFFSET,
+        position_offset=POSITION_OFFSET,
+        position_embedding_type="learned",
+        embedding_layer_norm=True,
+        pad_token_id=bart.get("pad_token_id", 1),
+        eos_token_id=bart.get("eos_token_id", 2),
+        decoder_start_token_id=bart.get("decoder_start_token_id", 2),
+        architectures=[HEADS[head].ours.__name__],
+    )
+
+
+def token_embeddings(tensors: dict, config: VanillaSeq2SeqConfig, head: str) -> dict:
+    """BART's shared embeddings (and, for the generation heads, the output projection's bias) -> ours."""
+    if head == "BartForCausalLM":
+        embeddings = tensors.pop("model.decoder.embed_tokens.weight", None)
+        output = tensors.pop("lm_head.weight", embeddings)
+        if embeddings is None or not torch.equal(output, embeddings):
+            raise ConversionError("BartForCausalLM's output projection must be its (tied) token embeddings.")
+        return {"model.decoder.embeddings.word_embeddings.weight": embeddings,
+                "lm_head.decoder.bias": torch.zeros(config.vocab_size)}  # BART's output has no bias
+    mapped = marian_embeddings(tensors, config)  # the same shared/embed_tokens/lm_head/final_logits_bias layout
+    if head != "BartForConditionalGeneration":
+        mapped = {k: v for k, v in mapped.items() if not k.startswith("lm_head.")}
+    return mapped
+
+
+def bart_to_vanilla(tensors: dict, bart: dict, head: str):
+    config = vanilla_config(bart, head)
+    tensors = {("" if key.startswith(("model.", "lm_head", "final_logits", "classification_head", "qa_outputs"))
+                else "model.") + key: tensor for key, tensor in tensors.items()}  # BartModel saves no `model.`
+    embeddings = token_embeddings(tensors, config, head)
+    mapped, unknown = map_tensors(tensors, key_table(config, head), unused_cross_attention(config, head))
+    mapped.update(embeddings)
+    if head == "BartModel":  # our base model has no `model.` prefix either
+        mapped = {key.removeprefix("model."): tensor for key, tensor in mapped.items()}
+    return build_model(HEADS[head].ours, config, mapped, unknown)
+
+
+# ---- vanilla -> BART ----------------------------------------------------------------------------------------------
+
+
+def bart_config_for(config: VanillaSeq2SeqConfig, head: str) -> BartConfig:
+    """Ours -> BartConfig, refusing what BART cannot express (it would silently compute something else)."""
+    refusals = [f"{field}={getattr(config, field)!r} (BART needs {value!r})" for field, value in (
+        ("position_embedding_type", "learned"), ("position_offset", POSITION_OFFSET), ("embedding_layer_norm", True),
+        ("pre_norm", False), ("type_vocab_size", 0), ("lm_head_transform", False), ("layer_norm_eps", 1e-5),
+        ("embedding_size", config.hidden_size), ("tie_word_embeddings", True),
+    ) if getattr(config, field) != value]
+    if head != "BartForCausalLM" and not config.share_encoder_decoder_embeddings:
+        refusals.append("share_encoder_decoder_embeddings=False (BART embeds source and target with one matrix)")
+    if refusals:
+        raise ConversionError("This model cannot be expressed as BART:\n  " + "\n  ".join(refusals))
+    return BartConfig(
+        vocab_size=config.vocab_size, d_model=config.hidden_size, encoder_layers=config.num_hidden_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.num_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.intermediate_size,
+        decoder_ffn_dim=config.decoder_intermediate_size, activation_function=config.hidden_act,
+        dropout=config.hidden_dropout_prob, attention_dropout=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings - POSITION_OFFSET, init_std=config.initializer_range,
+        scale_embedding=config.scale_embeddings, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id, decoder_start_token_id=config.decoder_start_token_id,
+        id2label=config.id2label, label2id=config.label2id,
+        is_decoder=head == "BartForCausalLM", is_encoder_decoder=head != "BartForCausalLM", architectures=[head],
+    )
+
+
+def vanilla_to_bart(tensors: dict, config: VanillaSeq2SeqConfig, head: str):
+    bart_config = bart_config_for(config, head)
+    tensors = {(key if head != "BartModel" else "model." + key): tensor for key, tensor in tensors.items()}
+    table = {ours: bart for bart, ours in key_table(config, head).items()}
+    mapped, unknown = map_tensors(tensors, table, {"model.decoder.embeddings.word_embeddings": "tied",
+                                                   "lm_head.decoder.weight": "tied"})
+    if head == "BartForCausalLM":
+        mapped["model.decoder.embed_tokens.weight"] = tensors["model.decoder.embeddings.word_embeddings.weight"]
+        if tensors["lm_head.decoder.bias"].any():
+            raise ConversionError("The output projection has a bias, which BartForCausalLM does not: it cannot hold it.")
+        unknown.remove("lm_head.decoder.bias")
+        # BartForCausalLM builds cross-attention it never runs; ours has none to give it. Zeros, said so.
+        with torch.device("meta"):
+            shapes = {k: v.shape for k, v in getattr(transformers, head)(bart_config).state_dict().items()}
+        for key in (k for k in shapes if "encoder_attn" in k):
+            mapped[key] = torch.ones(shapes[key]) if key.endswith("layer_norm.weight") else torch.zeros(shapes[key])
+        print("Note: BartForCausalLM's cross-attention (never run without an encoder) is written as zeros.")
+    else:
+        mapped["model.shared.weight"] = tensors["model.encoder.embeddings.word_embeddings.weight"]
+        unknown.remove("model.encoder.embeddings.word_embeddings.weight")
+        if head == "BartForConditionalGeneration":
+            mapped["final_logits_bias"] = tensors["lm_head.decoder.bias"][None]  # BART stores it (1, V)
+            unknown.remove("lm_head.decoder.bias")
+    if head == "BartModel":
+        mapped = {key.removeprefix("model."): tensor for key, tensor in mapped.items()}
+    return build_model(getattr(transformers, head), bart_config, mapped, unknown)
+
+
+# ---- verification ------------------------------------------------------------------------------------------------
+
+
+def verify_bart(reference, model, head: str) -> tuple[bool, str]:
+    """Every hidden state and head output of both models on a padded batch, relative to its magnitude (the suite's
+    float32 rule: 1e-5 x max(1, |reference|)), at real tokens; then greedy and beam `generate()` where it applies."""
+    if head == "BartForConditionalGeneration":
+        return verify_seq2seq(reference, model, with_token_types=False)
+    config = model.config
+    inputs = source_batch(config)
+    if head == "BartModel":
+        target = source_batch(config, seed=1, length=9)
+        inputs |= {"decoder_input_ids": target["input_ids"], "decoder_attention_mask": target["attention_mask"]}
+    target_mask = inputs.get("decoder_attention_mask", inputs["attention_mask"])
+    model.float().eval()
+    with torch.no_grad():
+        ref_out = reference(**inputs, output_hidden_states=True)
+        our_out = model(**inputs, output_hidden_states=True)
+    ok, diffs = True, []
+    for name in ("encoder_hidden_states", "decoder_hidden_states", "hidden_states", "last_hidden_state", "logits",
+                 "start_logits", "end_logits"):
+        ref, ours = getattr(ref_out, name, None), getattr(our_out, name, None)
+        if ref is None or ours is None:
+            continue
+        # Decoder states line up with the target, which for the heads that read the shifted source is that source.
+        mask = inputs["attention_mask"] if name == "encoder_hidden_states" else target_mask
+        for r, o in zip(*((ref, ours) if isinstance(ref, tuple) else ((ref,), (ours,))), strict=True):
+            real = mask.bool() if r.shape[:2] == mask.shape else torch.ones(r.shape[:1], dtype=torch.bool)
+            diff = (r[real].float() - o[real].float()).abs().max().item()
+            ok &= diff <= 1e-5 * max(1.0, r[real].abs().max().item())
+            diffs.append(diff)
+        print(f"  {name}: max |diff| = {max(diffs):.3e}")
+    summary = f"max |diff| {max(diffs):.1e} over every hidden state and output (fp32, padded batch)"
+    if head == "BartForCausalLM":
+        for options in ({"num_beams": 1}, {"num_beams": 3}):
+            kwargs = dict(inputs, max_new_tokens=8, do_sample=False, **options)
+            with torch.no_grad():
+                same = torch.equal(reference.generate(**kwargs), model.generate(**kwargs))
+            ok &= same
+            summary += f"; generate() with {options['num_beams']} beam(s): {'identical' if same else 'different'} tokens"
+    return ok, summary
+
+
+def convert(source: str, output: str, dtype: str = "float32", force: bool = False, verify_parity: bool = True,
+            command: str | None = None) -> Path:
+    source_dir = resolve_source(source)
+    bart = read_config(source_dir)
+    require_model_type(bart, ("bart",), "bart", source_dir)
+    head = head_for(bart)
+    tensors = load_tensors(source_dir)
+
+    def verify(model):
+        print(f"Verifying against transformers' {head} (eager attention, padded batch):")
+        return verify_bart(reference_model(getattr(transformers, head), tensors, source_dir), model, head)
+
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: with_generation_config(bart_to_vanilla(tensors, bart, head), source_dir,
+                                             generation_ids(source_dir, bart)),
+        verify=verify if verify_parity else None,
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BartTokenizer"),
+        title=f"{Path(source).name} as a vanilla {HEADS[head].ours.__name__}",
+        command=command or f"python -m conversion bart --source {source} --output {output}",
+    )
+
+
+def to_bart(source: str, output: str, force: bool = False, verify_parity: bool = True) -> Path:
+    """A vanilla encoder-decoder (or decoder alone) -> the transformers BART class of the same head."""
+    source_dir = resolve_source(source)
+    raw = read_config(source_dir)
+    require_model_type(raw, (VanillaSeq2SeqConfig.model_type,), "to-bart", source_dir)
+    config = VanillaSeq2SeqConfig.from_pretrained(source_dir)
+    ours = (config.architectures or ["VanillaSeq2SeqForConditionalGeneration"])[0]
+    head = next((name for name, h in HEADS.items() if h.ours.__name__ == ours), None)
+    if head is None:
+        raise ConversionError(f"{source_dir} is a {ours!r}, which has no BART counterpart.")
+    tensors = load_tensors(source_dir)
+    bart = vanilla_to_bart(tensors, config, head)
+    if (source_dir / "generation_config.json").is_file():  # forced_eos_token_id, num_beams...: what generate does
+        bart.generation_config = GenerationConfig.from_pretrained(source_dir)
+    with atomic_output(output, force) as staging:
+        bart.save_pretrained(staging)
+        copy_side_files(source_dir, staging)
+        if verify_parity:
+            print(f"Verifying the written {head} against the vanilla source (padded batch):")
+            reference = reference_model(HEADS[head].ours, tensors, source_dir)
+            written = getattr(transformers, head).from_pretrained(staging, attn_implementation="eager")
+            require_parity(*verify_bart(written.eval(), reference, head))
+    return Path(output)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (any BartFor* head) -> vanilla")
+    _common_arguments(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")
+    parser.set_defaults(run=lambda a: convert(a.source, a.output, a.dtype, a.force, a.verify, _command()))
+    parser = subparsers.add_parser("to-bart", help="a vanilla encoder-decoder (or decoder alone) -> transformers BART")
+    parser.add_argument("--source", required=True, help="vanilla encoder-decoder checkpoint directory")
+    parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output once conversion succeeds")
+    parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the comparison")
+    parser.set_defaults(run=lambda a: to_bart(a.source, a.output, a.force, a.verify))
