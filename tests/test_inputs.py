@@ -235,6 +235,33 @@ def test_attention_mask_shape(attn, shape):
                    input_ids=ids(), attention_mask=torch.ones(shape, dtype=torch.long))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int8])
+def test_ids_of_a_dtype_no_embedding_takes_are_refused(dtype):
+    """Regression: uint8 ids reached the embedding and failed with torch's own message."""
+    assert_refused(encoder(), [rf"input_ids must hold integer ids, got dtype {dtype}", r"input_ids\.long\(\)"],
+                   input_ids=ids().to(dtype))
+
+
+def test_a_complex_mask_is_refused():
+    """Regression: a complex mask raised NotImplementedError from inside aminmax."""
+    assert_refused(encoder(), [r"attention_mask must be bool, integer or float, got torch.complex64"],
+                   input_ids=ids(), attention_mask=padded_mask().to(torch.complex64))
+
+
+def test_a_nan_at_a_padding_position_stays_there():
+    """Regression: a NaN in inputs_embeds at a padding position turned the whole row to NaN on the padded path
+    (attention maps, eager): padding keys get zero weight, but 0 * NaN is NaN. The packed path never reads it."""
+    model, mask = encoder(), padded_mask()
+    embeds = model.get_input_embeddings()(ids())
+    embeds[1, -1] = float("nan")  # row 1 is right-padded: its last position is padding
+    with torch.no_grad():
+        padded = model(inputs_embeds=embeds, attention_mask=mask, output_attentions=True).last_hidden_state
+        packed = model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert torch.isfinite(padded[real]).all() and torch.isfinite(packed[real]).all()
+    assert_close(padded[real], packed[real])
+
+
 @pytest.mark.parametrize("shape", [(B, 1, T, T + 1), (B, 2, T, T), (B + 1, 1, T, T), (B, 1, 2, T)])
 def test_4d_attention_mask_shape(shape):
     assert_refused(encoder(), [r"A 4-D attention_mask must be \(batch, 1, query length, key length\)",
