@@ -31,9 +31,9 @@ A comparison of another kind says why where it is made (a cosine similarity that
 direction is a quality claim, not a rounding bound).
 
 `python tests/kernel_variants.py` runs the tests marked `numerics` again under other kernel choices (256-bit
-vectors, no oneDNN, one thread), so that a tolerance tuned to one CPU fails on any machine; with
-HF_VANILLA_MARGIN_LOG=FILE set, every `assert_close` appends the ratio |diff| / tolerance it saw to FILE (one JSON
-object a line), and the runner prints the smallest margin of each variant.
+vectors, no oneDNN, one thread), so that a tolerance that holds only for this CPU's summation order fails here rather
+than on the next machine. With HF_VANILLA_MARGIN_LOG=FILE set, every `assert_close` appends the ratio
+|diff| / tolerance it saw to FILE (one JSON object a line); the runner prints the largest of each variant.
 """
 
 import json
