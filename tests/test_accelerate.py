@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import infer_auto_device_map, init_empty_weights, load_checkpoint_and_dispatch
+from numerics import assert_close
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
@@ -75,7 +76,7 @@ def test_encoder_with_cpu_and_disk_offload_matches_plain_load(saved, tmp_path):
     with torch.no_grad():
         expected = encoder(input_ids=input_ids, attention_mask=attention_mask).logits
         actual = offloaded(input_ids=input_ids, attention_mask=attention_mask).logits
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+    assert_close(actual, expected)
 
 
 def test_seq2seq_generate_with_cpu_and_disk_offload_matches_plain_load(saved, tmp_path):
@@ -95,7 +96,7 @@ def test_seq2seq_generate_with_cpu_and_disk_offload_matches_plain_load(saved, tm
         labels = input_ids[:, :6]
         expected = seq2seq(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
         actual = offloaded(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+    assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("make_config, model_class", [
@@ -135,7 +136,7 @@ def test_load_checkpoint_and_dispatch_with_offload(saved, tmp_path):
     with torch.no_grad():
         expected = encoder(input_ids=input_ids, attention_mask=attention_mask).logits
         actual = dispatched(input_ids=input_ids, attention_mask=attention_mask).logits
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+    assert_close(actual, expected)
 
 
 def run_training(*args, processes=1):

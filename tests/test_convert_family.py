@@ -5,9 +5,9 @@ vocabulary: the real bert-base-uncased WordPiece files (from the MiniLM fixture)
 byte-level BPE trained here on a few sentences for RoBERTa (`<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, `<mask>`=4, so
 positions start at 2 as in roberta-base). Every conversion goes through the command line, forward and back.
 
-Checked per format and head: every layer's hidden states within 1e-5 and the head's outputs within 5e-5 on a
-right-padded batch of real text; the same `fill-mask` answers as the reference; the reverse conversion giving back
-the source's tensors bit for bit; refusals that name what is wrong.
+Checked per format and head: every layer's hidden states and the head's outputs within the float32 rule of
+tests/numerics.py on a right-padded batch of real text; the same `fill-mask` answers as the reference; the reverse
+conversion giving back the source's tensors bit for bit; refusals that name what is wrong.
 """
 
 from contextlib import redirect_stderr, redirect_stdout
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from numerics import assert_close
 from safetensors.torch import load_file
 from transformers import pipeline
 
@@ -156,6 +157,7 @@ def batch_for(case, tokenizer):
 # ---- parity ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("case", CASES)
 def test_every_layer_and_head_match(case, converted):
     reference_dir, vanilla_dir, _, tokenizer, report = converted(case)
@@ -170,8 +172,7 @@ def test_every_layer_and_head_match(case, converted):
     assert len(our_out.hidden_states) == len(ref_out.hidden_states) == 3
     for i, (theirs, mine) in enumerate(zip(ref_out.hidden_states, our_out.hidden_states)):
         assert mine.shape == theirs.shape
-        diff = (mine - theirs).abs()[mask].max().item()
-        assert diff <= 1e-5, f"{case}: hidden states {i} differ by {diff:.2e}"
+        assert_close(mine[mask], theirs[mask], msg=f"{case}: hidden states {i}")
     compared = 0
     for name in HEAD_OUTPUTS:
         mine = getattr(our_out, name, None)
@@ -179,9 +180,8 @@ def test_every_layer_and_head_match(case, converted):
             continue
         theirs = getattr(ref_out, name)
         assert mine.shape == theirs.shape
-        delta = (mine - theirs).abs()
-        diff = (delta[mask] if mine.shape[:2] == mask.shape else delta).max().item()
-        assert diff <= 5e-5, f"{case}: {name} differs by {diff:.2e}"
+        per_token = mine.shape[:2] == mask.shape
+        assert_close(mine[mask] if per_token else mine, theirs[mask] if per_token else theirs, msg=f"{case}: {name}")
         compared += 1
     assert compared >= (0 if CASES[case][1] in ("DistilBertModel", "ElectraModel") else 1)
 
@@ -198,7 +198,7 @@ def test_electra_hidden_states_0_is_the_projected_embedding(converted):
         expected = reference(**batch, output_hidden_states=True).hidden_states[0]
     assert first.shape[-1] == 32
     mask = batch["attention_mask"].bool()
-    assert (first - expected).abs()[mask].max() <= 1e-6
+    assert_close(first[mask], expected[mask])
 
 
 def test_electra_discriminator_loss_matches(converted):
@@ -211,7 +211,7 @@ def test_electra_discriminator_loss_matches(converted):
     with torch.no_grad():
         ref_loss = reference(**batch, labels=labels).loss
         our_loss = ours(**batch, labels=labels).loss
-    assert torch.allclose(our_loss, ref_loss, atol=1e-6), (our_loss, ref_loss)
+    assert_close(our_loss, ref_loss)
 
 
 def test_roberta_positions_follow_the_padding_index(converted):
@@ -233,7 +233,7 @@ def test_roberta_positions_follow_the_padding_index(converted):
         implicit = ours(**batch).last_hidden_state
         explicit = ours(**batch, position_ids=positions).last_hidden_state
     assert (implicit - expected).abs()[mask].max() > 1e-3  # the limitation is real: shifted rows differ
-    assert (explicit - expected).abs()[mask].max() <= 1e-5
+    assert_close(explicit[mask], expected[mask])
     assert "pass `position_ids` explicitly" in (vanilla_dir / "README.md").read_text()  # and the model card says so
 
 
@@ -255,7 +255,7 @@ def test_fill_mask_gives_the_reference_answers(case, converted):
         scores = [a["score"] for a in mine]
         assert all(a > b * 1.001 for a, b in zip(scores, scores[1:]))  # a clear order, not a coin toss
         for a, b in zip(mine, theirs):
-            assert a["score"] == pytest.approx(b["score"], rel=1e-4, abs=1e-6)
+            assert_close(a["score"], b["score"], dtype=torch.float32)
 
 
 # ---- reverse --------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from numerics import assert_close
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -32,8 +33,6 @@ SENTENCES = [
     "Attention is all you need.",
     "A short one.",
 ]
-LOGITS_TOLERANCE = 5e-5
-ENCODER_TOLERANCE = 1e-5
 
 
 def quiet(function, *args, **kwargs):
@@ -73,8 +72,9 @@ def padded_inputs(tokenizer_dir, with_targets: bool = True) -> dict:
     return inputs
 
 
-def max_diff(expected, ours, mask):
-    return (expected - ours).abs()[mask.bool()].max().item()
+def assert_matches_at(mask, ours, expected, what="logits"):
+    """`ours` within the float32 rule of `expected` (tests/numerics.py) at the positions where `mask` is 1."""
+    assert_close(ours[mask.bool()], expected[mask.bool()], msg=what)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,7 @@ def bert2bert_models(bert2bert):
 # ---- bert2bert --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_bert2bert_logits_match_after_reload(bert2bert, bert2bert_models):
     source, _ = bert2bert
     reference, ours = bert2bert_models
@@ -110,10 +111,10 @@ def test_bert2bert_logits_match_after_reload(bert2bert, bert2bert_models):
         got = ours(**inputs, output_hidden_states=True)
     mask, target_mask = inputs["attention_mask"], inputs["decoder_attention_mask"]
     for layer, (e, o) in enumerate(zip(expected.encoder_hidden_states, got.encoder_hidden_states, strict=True)):
-        assert max_diff(e, o, mask) <= ENCODER_TOLERANCE, f"encoder layer {layer}"
+        assert_matches_at(mask, o, e, f"encoder layer {layer}")
     for layer, (e, o) in enumerate(zip(expected.decoder_hidden_states, got.decoder_hidden_states, strict=True)):
-        assert max_diff(e, o, target_mask) <= LOGITS_TOLERANCE, f"decoder layer {layer}"
-    assert max_diff(expected.logits, got.logits, target_mask) <= LOGITS_TOLERANCE
+        assert_matches_at(target_mask, o, e, f"decoder layer {layer}")
+    assert_matches_at(target_mask, got.logits, expected.logits)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -201,7 +202,7 @@ def test_bert2bert_legacy_tie_encoder_decoder(tmp_path, minilm_path, tie_output)
     inputs = padded_inputs(source)
     with torch.no_grad():
         expected, got = reference(**inputs).logits, ours(**inputs).logits
-    assert max_diff(expected, got, inputs["decoder_attention_mask"]) <= LOGITS_TOLERANCE
+    assert_matches_at(inputs["decoder_attention_mask"], got, expected)
 
 
 # ---- warm-start -------------------------------------------------------------------------------------------------
@@ -220,6 +221,7 @@ def warm_model(warm_started):
     return AutoModelForSeq2SeqLM.from_pretrained(warm_started).eval()
 
 
+@pytest.mark.numerics
 def test_warm_start_encoder_reproduces_minilm(warm_model, minilm_path):
     bert = BertModel.from_pretrained(minilm_path, attn_implementation="eager").eval()
     ours = warm_model
@@ -229,7 +231,7 @@ def test_warm_start_encoder_reproduces_minilm(warm_model, minilm_path):
         got = ours.get_encoder()(**inputs, output_hidden_states=True).hidden_states
     assert len(expected) == len(got) == 7
     for layer, (e, o) in enumerate(zip(expected, got, strict=True)):
-        assert max_diff(e, o, inputs["attention_mask"]) <= ENCODER_TOLERANCE, f"layer {layer}"
+        assert_matches_at(inputs["attention_mask"], o, e, f"layer {layer}")
 
 
 def test_warm_start_decoder_holds_its_own_copy_of_bert(warm_model, minilm_path):

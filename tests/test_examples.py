@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_references import converted, single_thread  # noqa: F401  (fixture)
+from numerics import assert_close
 from transformers import AutoModel, AutoTokenizer, BertModel
 from transformers.modeling_outputs import QuestionAnsweringModelOutput
 
@@ -118,7 +119,7 @@ def test_attention_maps_are_distributions_that_skip_padding(minilm):
     weights = module.attention_weights(model, batch)  # (L, B, H, T, T)
     L, B, H, T, _ = weights.shape
     assert (L, B, H) == (6, 2, 12)
-    assert torch.allclose(weights.sum(-1), torch.ones(L, B, H, T), atol=1e-5)
+    assert_close(weights.sum(-1), torch.ones(L, B, H, T))
     padding_keys = batch["attention_mask"] == 0  # (B, T)
     assert padding_keys.any()
     assert (weights.permute(1, 4, 0, 2, 3)[padding_keys] == 0).all()  # no query reads a padding token
@@ -130,4 +131,4 @@ def test_attention_maps_are_distributions_that_skip_padding(minilm):
     with torch.no_grad():
         theirs = torch.stack(bert(**batch, output_attentions=True).attentions)
     real_queries = batch["attention_mask"].bool()[None, :, None, :, None].expand_as(weights)
-    assert (weights - theirs)[real_queries].abs().max() <= 1e-5
+    assert_close(weights[real_queries], theirs[real_queries])

@@ -20,6 +20,7 @@ Inductor's C++ code generation, which takes 60-90 s cold on a 2-core CPU. The In
 
 import pytest
 import torch
+from numerics import assert_close
 from transformers.modeling_outputs import BaseModelOutput
 
 from conversion.onnx_export import DecoderStepGraph
@@ -62,11 +63,11 @@ def seq2seq():
     return VanillaSeq2SeqForConditionalGeneration(config).eval()
 
 
-def assert_close_on_tokens(actual, expected, mask, atol=1e-5):
-    """Compare (B, T, ...) on real tokens, anything else everywhere."""
+def assert_close_on_tokens(actual, expected, mask):
+    """Compare (B, T, ...) on real tokens, anything else everywhere (tests/numerics.py's rule)."""
     if actual.dim() >= 2 and actual.shape[:2] == mask.shape:
         actual, expected = actual[mask.bool()], expected[mask.bool()]
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
+    assert_close(actual, expected)
 
 
 def graph_ops(graph_module) -> set[str]:
@@ -87,7 +88,7 @@ def test_encoder_exports_as_one_graph(encoder, batch, strict):
     with torch.no_grad():
         expected = encoder(**batch, output_hidden_states=True)
         exported = program.module()(**batch, output_hidden_states=True)
-    torch.testing.assert_close(exported.logits, expected.logits, atol=1e-5, rtol=0)
+    assert_close(exported.logits, expected.logits)
     assert_close_on_tokens(exported.hidden_states[-1], expected.hidden_states[-1], batch["attention_mask"])
 
 
@@ -118,10 +119,10 @@ def test_decoder_step_exports_as_one_graph(seq2seq, strict):
         eager = step(*inputs)
         exported = program.module()(*inputs)
     # the step (cache of 3 positions + 1 new token) = the last position of an uncached forward over all 4
-    torch.testing.assert_close(eager[0], expected_logits, atol=1e-5, rtol=0)
+    assert_close(eager[0], expected_logits)
     assert len(exported) == 1 + 2 * seq2seq.config.decoder_layers
     for ours, theirs in zip(exported, eager, strict=True):
-        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+        assert_close(ours, theirs)
     assert exported[1].shape[2] == inputs[3][0].shape[2] + 1  # the cache grew by one position
 
 
@@ -132,7 +133,7 @@ def test_compile_fullgraph_matches_eager(encoder, batch):
     with torch.no_grad():
         expected = encoder(**batch, output_hidden_states=True)
         actual = compiled(**batch, output_hidden_states=True)
-    torch.testing.assert_close(actual.logits, expected.logits, atol=1e-5, rtol=0)
+    assert_close(actual.logits, expected.logits)
     for ours, theirs in zip(actual.hidden_states, expected.hidden_states, strict=True):
         assert_close_on_tokens(ours, theirs, batch["attention_mask"])
 
@@ -149,8 +150,8 @@ def test_compile_fullgraph_with_attention_maps(encoder, batch):
         actual = compiled(**batch, output_attentions=True)
     assert len(actual.attentions) == encoder.config.num_hidden_layers
     for ours, theirs in zip(actual.attentions, expected.attentions, strict=True):
-        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
-    torch.testing.assert_close(actual.logits, expected.logits, atol=1e-5, rtol=0)
+        assert_close(ours, theirs)
+    assert_close(actual.logits, expected.logits)
 
 
 @pytest.mark.slow  # Inductor generates and compiles C++ kernels: 60-90 s cold on a 2-core CPU
@@ -160,7 +161,7 @@ def test_compile_inductor_matches_eager(encoder, seq2seq, batch):
     with torch.no_grad():
         expected = encoder(**batch, output_hidden_states=True)
         actual = compiled(**batch, output_hidden_states=True)
-    torch.testing.assert_close(actual.logits, expected.logits, atol=1e-5, rtol=0)
+    assert_close(actual.logits, expected.logits)
     for ours, theirs in zip(actual.hidden_states, expected.hidden_states, strict=True):
         assert_close_on_tokens(ours, theirs, batch["attention_mask"])
 
@@ -169,4 +170,4 @@ def test_compile_inductor_matches_eager(encoder, seq2seq, batch):
     compiled_step = torch.compile(step, fullgraph=True)
     with torch.no_grad():
         for ours, theirs in zip(compiled_step(*inputs), step(*inputs), strict=True):
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+            assert_close(ours, theirs)

@@ -3,15 +3,13 @@
 
 import pytest
 import torch
+from numerics import assert_close
 from transformers import BertConfig, BertForMaskedLM
 
 from conversion.bert import bert_to_vanilla, verification_batch
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
 pytestmark = pytest.mark.gpu
-
-# Half-precision tolerances against the fp32 reference on the same GPU: bf16 keeps 8 bits of mantissa, fp16 11.
-HALF_TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +45,8 @@ def test_fp32_parity_with_bert_on_gpu(bert_pair, attn_implementation):
         expected = reference(**batch, output_hidden_states=True)
         actual = ours(**batch, output_hidden_states=True)
     for ref, out in zip(expected.hidden_states, actual.hidden_states, strict=True):
-        assert (ref - out)[mask].abs().max() <= 1e-5
-    assert (expected.logits - actual.logits)[mask].abs().max() <= 5e-5
+        assert_close(out[mask], ref[mask])
+    assert_close(actual.logits[mask], expected.logits[mask])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -61,7 +59,7 @@ def test_half_precision_on_gpu_is_close_to_fp32_and_finite(bert_pair, dtype):
         half = ours.to(dtype)(**batch).logits.float()
     ours.float()
     assert torch.isfinite(half).all()
-    assert (half - full)[mask].abs().max() / full[mask].abs().max() <= HALF_TOLERANCE[dtype]
+    assert_close(half[mask], full[mask], dtype=dtype)  # the half-precision rule against fp32 on the same GPU
 
 
 def test_generate_on_gpu_matches_cpu():

@@ -23,6 +23,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import onnxruntime  # noqa: E402
+from numerics import assert_close  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
@@ -110,7 +111,7 @@ def test_classifier_onnx_matches_pytorch_on_tokenizer_output(classifier, texts):
         reference = model(**{k: torch.from_numpy(v) for k, v in encoded.items()}).logits
     assert logits.shape == tuple(reference.shape)
     assert reference.std() > 0.5  # the logits spread: a comparison of real answers, not of near-zeros
-    np.testing.assert_allclose(logits, reference.numpy(), atol=1e-5, rtol=0)
+    assert_close(logits, reference)
 
 
 def test_onnx_refuses_a_graph_that_does_not_match_the_model(classifier, tmp_path, minilm_path, monkeypatch):
@@ -153,7 +154,8 @@ ENCODER_TASKS = {
 @pytest.mark.parametrize("task", ENCODER_TASKS)
 def test_every_encoder_task_matches_pytorch_at_real_tokens(task, tmp_path, minilm_path):
     """The task follows the checkpoint's `architectures`; each graph output equals PyTorch's at the real tokens of a
-    padded tokenizer batch, within 1e-5 x max(1, |output|) (padding positions carry no meaning in either)."""
+    padded tokenizer batch, within the float32 rule of tests/numerics.py (padding positions carry no meaning in
+    either)."""
     model_class, overrides = ENCODER_TASKS[task]
     model = make_encoder(tmp_path / "vanilla", minilm_path, 0, model_class, **overrides)
     assert main(["onnx", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "onnx")]) == 0
@@ -172,8 +174,7 @@ def test_every_encoder_task_matches_pytorch_at_real_tokens(task, tmp_path, minil
     for name, ours in zip(onnx_export.TASKS[task][1], outputs, strict=True):
         expected = reference[name].numpy()
         assert ours.shape == expected.shape
-        scale = max(1.0, float(np.abs(expected[real]).max()))
-        np.testing.assert_allclose(ours[real], expected[real], atol=1e-5 * scale, rtol=0, err_msg=name)
+        assert_close(ours[real], expected[real], msg=name)
 
 
 # ---- the encoder-decoder ----------------------------------------------------------------------------------------

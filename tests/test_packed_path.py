@@ -2,17 +2,18 @@
 
 A padded batch without attention maps runs packed: the real tokens laid end to end, attention within each sequence
 (neighbours of equal length in one kernel call). Asking for attention maps (eager) runs the padded path, the one
-that is bit-exact with BERT. Both must agree at every real token of every layer within 1e-5, whatever the padding
-looks like; padding positions of the packed path hold zeros.
+that is bit-exact with BERT. Both must agree at every real token of every layer within the float32 rule of
+tests/numerics.py, whatever the padding looks like; padding positions of the packed path hold zeros.
 """
 
 import pytest
 import torch
+from numerics import assert_close
 
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
 import hf_vanilla.modeling_vanilla as modeling
 
-TOLERANCE = 1e-5  # float32, absolute, at real tokens
+pytestmark = pytest.mark.numerics
 B, T = 7, 24
 
 
@@ -89,12 +90,10 @@ def test_packed_equals_padded_eager(model, attn, case, monkeypatch):
     assert len(padded.hidden_states) == len(packed.hidden_states) == model.config.num_hidden_layers + 1
     for layer, (expected, actual) in enumerate(zip(padded.hidden_states, packed.hidden_states)):
         assert expected[real].abs().max() > 0.1  # compares real numbers, not two near-zero tensors
-        diff = (expected[real] - actual[real]).abs().max().item()
-        assert diff <= TOLERANCE, f"layer {layer}: max |diff| {diff:.2e} at real tokens"
+        assert_close(actual[real], expected[real], msg=f"layer {layer} at real tokens")
         assert not actual[~real].any(), "padding positions of the packed path hold zeros"
     first_real = real[:, 0]  # the pooler reads position 0, which is meaningful only where it is a real token
-    diff = (padded.pooler_output[first_real] - packed.pooler_output[first_real]).abs().max().item()
-    assert diff <= TOLERANCE
+    assert_close(packed.pooler_output[first_real], padded.pooler_output[first_real], msg="pooler")
 
 
 def test_dense_batch_with_mask_of_ones_is_exact():

@@ -7,6 +7,7 @@ The tokenizer is the real bert-base-uncased WordPiece tokenizer (from the `gt_al
 
 import pytest
 import torch
+from hf_references import single_thread  # noqa: F401  (fixture)
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -31,15 +32,7 @@ TEXTS = [
     "a short one",
     "padding must not change what the model writes",
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from a second thread, and two threads thrash when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

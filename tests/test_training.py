@@ -5,6 +5,7 @@ gradients as plain backpropagation."""
 import pytest
 import torch
 from hf_references import single_thread  # noqa: F401  (fixture)
+from numerics import assert_close
 from transformers import Trainer, TrainingArguments
 
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForSequenceClassification
@@ -104,7 +105,7 @@ def test_gradient_accumulation_matches_the_large_batch(tmp_path):
     initial = dict(tiny_model(dropout=0.0).named_parameters())
     for key, value in params["large"].items():
         update, accumulated = value - initial[key], params["accumulated"][key] - initial[key]
-        assert torch.allclose(accumulated, update, atol=1e-6, rtol=1e-4), key
+        assert_close(accumulated, update, msg=key)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
@@ -131,7 +132,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(padded):
     assert plain_calls == 1 and checkpointed_calls == 2  # the layer really is recomputed during backward
     assert plain.keys() == checkpointed.keys() and len(plain) > 10
     for key in plain:
-        assert torch.allclose(plain[key], checkpointed[key], atol=1e-6, rtol=0), key
+        assert_close(checkpointed[key], plain[key], msg=key)
 
 
 def test_gradient_checkpointing_in_the_decoder_leaves_the_cache_out():
@@ -158,4 +159,4 @@ def test_gradient_checkpointing_in_the_decoder_leaves_the_cache_out():
     checkpointed, _ = gradients()
     assert plain.keys() == checkpointed.keys() and len(plain) > 10
     for key in plain:
-        assert torch.allclose(plain[key], checkpointed[key], atol=1e-6, rtol=0), key
+        assert_close(checkpointed[key], plain[key], msg=key)
