@@ -72,6 +72,7 @@ def test_static_cache_generates_what_the_dynamic_cache_does(family, num_beams):
     assert dynamic.shape[1] > prompt.shape[1] and torch.equal(static, dynamic)
 
 
+@pytest.mark.numerics
 def test_the_decoder_alone_is_causal_and_caches_each_position_once():
     """`get_decoder()` called without encoder states skips cross-attention: no token sees the future, and the
     cache holds one entry per position (cross-attention used as self-attention had doubled both)."""

@@ -271,6 +271,7 @@ def test_4d_attention_mask_shape(shape):
                    input_ids=ids(), attention_mask=torch.ones(shape, dtype=torch.bool))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_4d_attention_mask_is_used_as_given(attn):
     """A 4-D mask (as transformers' mask utilities build them) is the caller's final word: bool, 1/0 or additive,
