@@ -113,4 +113,3 @@ FORMAT = EncoderFormat(
 
 convert = FORMAT.convert
 to_distilbert = FORMAT.to_source
-register = FORMAT.register

@@ -96,4 +96,3 @@ FORMAT = EncoderFormat(
 
 convert = FORMAT.convert
 to_electra = FORMAT.to_source
-register = FORMAT.register
