@@ -306,13 +306,17 @@ def load_model(source_dir: Path, task: str):
     (transformers would initialise it randomly and the export would be meaningless)."""
     import transformers
 
-    import hf_vanilla  # noqa: F401  (registers the vanilla classes with the Auto classes)
+    from hf_vanilla import AUTO_CLASSES
 
-    auto = getattr(transformers, TASKS[task][0])
-    # Read through the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors there),
-    # then placed by transformers' own loader.
-    tensors = load_tensors(source_dir)
-    model, info = auto.from_pretrained(source_dir, state_dict=tensors, dtype=torch.float32, output_loading_info=True)
+    # The weights are read by the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors
+    # there), then placed by transformers' own loader, which takes them with the config instead of a path.
+    config = transformers.AutoConfig.from_pretrained(source_dir)
+    model_class = AUTO_CLASSES[type(config)][getattr(transformers, TASKS[task][0])]
+    options = {}
+    if (source_dir / "generation_config.json").is_file():
+        options["generation_config"] = transformers.GenerationConfig.from_pretrained(source_dir)
+    model, info = model_class.from_pretrained(None, config=config, state_dict=load_tensors(source_dir),
+                                              dtype=torch.float32, output_loading_info=True, **options)
     if info["missing_keys"]:
         raise ConversionError(
             f"{source_dir} has no weights for the {task!r} head (missing {sorted(info['missing_keys'])[:5]}); pick "

@@ -347,6 +347,8 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
                 staging = work / "new"
                 staging.mkdir()  # not mkdtemp's 0700: the output folder's mode follows the umask
             except OSError as error:
+                if f".{output.name}.partial-" in str(error.filename):
+                    error.filename = None  # the hidden partial folder: the user knows the output's name only
                 raise ConversionError(f"Cannot write {output}: {describe_io_error(error)}.") from None
             yield staging
             apply_umask(staging)

@@ -20,23 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import BertConfig, BertForMaskedLM
 
 import conversion.bert
 from conversion.__main__ import main
 from conversion.output import MANIFEST, OWNER, not_ours
+from test_conversion_errors import tiny_bert_dir  # noqa: F401  (the tiny BERT fixture, shared)
 
-TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64)
 REPOSITORY = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny") / "bert"
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(**TINY)).save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture
