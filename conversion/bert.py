@@ -46,9 +46,9 @@ from .common import (
     map_tensors,
     normalise_keys,
     read_config,
+    read_source,
     reference_model,
     require_encoder,
-    require_model_type,
     require_parity,
     resolve_source,
     save_checkpoint,
@@ -234,9 +234,7 @@ def verify(source_dir: Path, tensors: dict, model, head: str, tolerance: float =
 def convert(source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
             verify_parity: bool = True, command: str | None = None) -> Path:
     """BERT checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
-    source_dir = resolve_source(source)
-    bert_config = read_config(source_dir)
-    require_model_type(bert_config, ("bert",), "bert", source_dir)
+    source_dir, bert_config = read_source(source, ("bert",), "bert")
     head = head_for(bert_config, head)
     tensors = load_tensors(source_dir)
     return write_conversion(

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import VanillaEncoderForQuestionAnswering, VanillaEncoderForTokenClassification
+from hf_vanilla import (
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForQuestionAnswering,
+    VanillaEncoderForTokenClassification,
+    VanillaEncoderModel,
+)
 
 from .errors import ConversionError
 from .output import atomic_output
@@ -59,15 +64,21 @@ def read_json(path: Path, what: str) -> dict:
     """A JSON object from `path`; anything else (empty, malformed, a list) is an error naming the file."""
     try:
         value = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        value = None
-    except ValueError as error:
+    except ValueError as error:  # malformed, empty, or not text at all (UnicodeDecodeError)
         raise ConversionError(f"{path} is not valid JSON ({error}): the {what} is damaged. Download or save the "
                               f"checkpoint again.") from None
     if not isinstance(value, dict):
-        raise ConversionError(f"{path} holds {type(value).__name__ if value is not None else 'no text'}, not the JSON "
-                              f"object a {what} is: it is damaged. Download or save the checkpoint again.")
+        raise ConversionError(f"{path} holds {type(value).__name__}, not the JSON object a {what} is: it is damaged. "
+                              f"Download or save the checkpoint again.")
     return value
+
+
+def read_source(source: str, model_types: tuple[str, ...], converter: str) -> tuple[Path, dict]:
+    """The source's folder and its config.json, refused unless its model_type is one that `converter` reads."""
+    source_dir = resolve_source(source)
+    config = read_config(source_dir)
+    require_model_type(config, model_types, converter, source_dir)
+    return source_dir, config
 
 
 def read_config(source_dir: Path) -> dict:
@@ -510,6 +521,18 @@ class EncoderHead:
     tied: dict = field(default_factory=dict)
 
 
+# The encoder alone, which every format has.
+BASE_HEAD = EncoderHead(VanillaEncoderModel, "Model")
+
+
+def masked_lm_head(dense: str, norm: str, decoder: str, tied: dict) -> EncoderHead:
+    """A format's MLM head under its own module names: dense, activation, LayerNorm, and the decoder tied to the
+    word embeddings (its bias kept) -- BERT's head, which is our `VanillaLMHead`. `tied`: see `EncoderHead`."""
+    return EncoderHead(VanillaEncoderForMaskedLM, "ForMaskedLM",
+                       table=((dense, "lm_head.dense"), (norm, "lm_head.norm"), (decoder, "lm_head.decoder")),
+                       tied=tied)
+
+
 # The task heads every BERT-family format names as BERT does (`classifier`, `qa_outputs`), as ours do.
 TASK_HEADS = {
     "token-classification": EncoderHead(
@@ -640,9 +663,7 @@ class EncoderFormat:
         """Source checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
         from transformers import AutoConfig
 
-        source_dir = resolve_source(source)
-        raw_config = read_config(source_dir)
-        require_model_type(raw_config, tuple(self.class_prefixes), self.name, source_dir)
+        source_dir, raw_config = read_source(source, tuple(self.class_prefixes), self.name)
         # Fields left at their defaults may be missing from config.json: read them from the source's config class.
         try:
             source_config = AutoConfig.for_model(**raw_config).to_dict()
@@ -672,8 +693,7 @@ class EncoderFormat:
         import hf_vanilla  # noqa: F401  (registers the Auto classes)
         from transformers import AutoConfig
 
-        source_dir = resolve_source(source)
-        require_model_type(read_config(source_dir), ("vanilla_encoder",), f"to-{self.name}", source_dir)
+        source_dir, _ = read_source(source, ("vanilla_encoder",), f"to-{self.name}")
         try:
             config = AutoConfig.from_pretrained(source_dir)
         except (ValueError, TypeError) as error:
@@ -711,13 +731,23 @@ class EncoderFormat:
         return Path(output)
 
 
-def require_gelu_lm_head(source: dict, head: str, lm_head_name: str) -> None:
-    """RoBERTa's and ELECTRA's MLM heads apply GELU whatever `hidden_act` says; ours applies `hidden_act`."""
-    if head == "masked-lm" and source["hidden_act"] != "gelu":
+def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,
+                         way_out: str = "convert with --head base") -> None:
+    """RoBERTa's and ELECTRA's MLM heads apply GELU whatever `hidden_act` says; ours applies `hidden_act`. Checked
+    both ways: `way_out` says what converts instead."""
+    if head == "masked-lm" and hidden_act != "gelu":
         raise ConversionError(
             f"{lm_head_name} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
-            f"({source['hidden_act']!r}): convert with --head base."
+            f"({hidden_act!r}): {way_out}."
         )
+
+
+def require_token_types(config, title: str) -> None:
+    """BERT's embeddings always add a token type vector (RoBERTa's and ELECTRA's too); a model without token types
+    (`type_vocab_size=0`, as converted from DistilBERT) cannot be written as one."""
+    if config.type_vocab_size == 0:
+        raise ConversionError(f"type_vocab_size=0 cannot be expressed as {title}, which always adds a token type "
+                              f"embedding.")
 
 
 def require_fields(config, needed: dict, target: str) -> None:

@@ -118,7 +118,8 @@ def check_output(output: Path, force: bool, sources: tuple[Path, ...]) -> None:
     cwd = Path.cwd().resolve()
     if real == cwd or real in cwd.parents:
         what = "the current directory" if real == cwd else "a parent of the current directory"
-        raise ConversionError(f"--output {output} is {what}. Choose a new folder, e.g. --output {output / 'converted'}.")
+        raise ConversionError(f"--output {output} is {what}. Choose a new folder, e.g. "
+                              f"--output {output / 'converted'}.")
     if not os.path.lexists(output):
         return
     if not force:
@@ -184,18 +185,24 @@ def place(staging: Path, output: Path, work: Path, force: bool) -> None:
             if old is not None:
                 try:
                     rename_noreplace(old, output)
-                except OSError:
-                    pass  # another conversion's output is there now: ours, obsolete, goes with `work`
+                except OSError:  # another conversion's output is there now: this one is obsolete
+                    _remove_old(old, output)
             raise
         if old is not None:
-            try:
-                remove_written(old)
-            except OSError:  # something was added to it after the check: kept, beside the output
-                kept = output.with_name(f".{output.name}.replaced-{os.getpid()}")
-                os.rename(old, kept)
-                print(f"Note: {output} was replaced; what was added to the old one meanwhile is kept in {kept}.")
+            _remove_old(old, output)
     else:
         _place(staging, output)
+
+
+def _remove_old(old: Path, output: Path) -> None:
+    """Delete the replaced output; what was added to it after the last check (a window of microseconds) is not
+    deleted but set aside beside the output, and said so."""
+    try:
+        remove_written(old)
+    except OSError:
+        kept = output.with_name(f".{output.name}.replaced-{os.getpid()}")
+        os.rename(old, kept)
+        print(f"Note: {output} was replaced; what was added to the old one meanwhile is kept in {kept}.")
 
 
 def _place(staging: Path, output: Path) -> None:

@@ -21,7 +21,6 @@ from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGenerat
 
 from .bert import ENCODER_TABLE, HEAD_TABLES, check_tied_decoder, dropped_keys, vanilla_config
 from .common import (
-    DTYPES,
     TOKENIZER_FILES,
     ConversionError,
     build_model,
@@ -32,6 +31,7 @@ from .common import (
     max_differences,
     normalise_keys,
     read_config,
+    read_source,
     reference_model,
     report,
     require_model_type,
@@ -304,9 +304,7 @@ def warm_start_tensors(bert_tensors: dict, bert_config: dict, seed: int) -> tupl
 def convert_warm_start(source: str, output: str, dtype: str = "float32", force: bool = False,
                        verify_parity: bool = True, seed: int = 0, decoder_start_token_id: int | None = None,
                        eos_token_id: int | None = None, command: str | None = None) -> Path:
-    source_dir = resolve_source(source)
-    bert_config = read_config(source_dir)
-    require_model_type(bert_config, ("bert",), "warm-start", source_dir)
+    source_dir, bert_config = read_source(source, ("bert",), "warm-start")
     start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
     bert_tensors = load_tensors(source_dir)
     tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
@@ -503,9 +501,7 @@ def marian_to_vanilla(tensors: dict, marian: dict):
 
 def convert_marian(source: str, output: str, dtype: str = "float32", force: bool = False,
                    verify_parity: bool = True, command: str | None = None) -> Path:
-    source_dir = resolve_source(source)
-    marian = read_config(source_dir)
-    require_model_type(marian, ("marian",), "marian", source_dir)
+    source_dir, marian = read_source(source, ("marian",), "marian")
     ids = generation_ids(source_dir, marian)
     tensors = load_tensors(source_dir)
     return write_conversion(

@@ -110,7 +110,8 @@ def test_wheel_installs_one_top_level_package_and_the_command(wheel):
         names = archive.namelist()
         info = next(n.rsplit("/", 1)[0] for n in names if n.endswith(".dist-info/RECORD"))
         assert archive.read(f"{info}/top_level.txt").decode() == "hf_vanilla\n"
-        assert "hf-vanilla = hf_vanilla.conversion.cli:command_line" in archive.read(f"{info}/entry_points.txt").decode()
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+        assert "hf-vanilla = hf_vanilla.conversion.cli:command_line" in entry_points
     assert {n.split("/")[0] for n in names} == {"hf_vanilla", info}
     assert "hf_vanilla/conversion/cli.py" in names and "hf_vanilla/conversion/bert.py" in names
     assert info == f"hf_vanilla-{hf_vanilla.__version__}.dist-info"  # the version is hf_vanilla.__version__
