@@ -1,5 +1,9 @@
-"""Weight conversion between transformers checkpoints and hf_vanilla models: `python -m conversion --help`."""
+"""Weight conversion between transformers checkpoints and hf_vanilla models: `python -m conversion --help` in the
+repository, `hf-vanilla --help` once installed (where this package is `hf_vanilla.conversion`).
 
-from .common import ConversionError
+Light on purpose: importing it (and answering `--help`) imports neither torch nor transformers; the converter
+modules (`bert`, `roberta`, ...) do."""
 
-__all__ = ["ConversionError"]
+from .errors import ConversionError, report_failure
+
+__all__ = ["ConversionError", "report_failure"]

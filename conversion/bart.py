@@ -31,18 +31,14 @@ from .common import (
     expand_table,
     load_tensors,
     map_tensors,
-    read_config,
+    read_source,
     reference_model,
-    require_model_type,
     require_parity,
-    resolve_source,
     write_conversion,
 )
 from .seq2seq import (
     MARIAN_CROSS_ATTENTION_TABLE,
     MARIAN_LAYER_TABLE,
-    _command,
-    _common_arguments,
     fairseq_config,
     generation_ids,
     marian_embeddings,
@@ -246,9 +242,7 @@ def verify_bart(reference, model, head: str) -> tuple[bool, str]:
 
 def convert(source: str, output: str, dtype: str = "float32", force: bool = False, verify_parity: bool = True,
             command: str | None = None) -> Path:
-    source_dir = resolve_source(source)
-    bart = read_config(source_dir)
-    require_model_type(bart, ("bart",), "bart", source_dir)
+    source_dir, bart = read_source(source, ("bart",), "bart")
     head = head_for(bart)
     tensors = load_tensors(source_dir)
 
@@ -263,15 +257,13 @@ def convert(source: str, output: str, dtype: str = "float32", force: bool = Fals
         verify=verify if verify_parity else None,
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BartTokenizer"),
         title=f"{Path(source).name} as a vanilla {HEADS[head].ours.__name__}",
-        command=command or f"python -m conversion bart --source {source} --output {output}",
+        command=command or f"hf-vanilla bart --source {source} --output {output}",
     )
 
 
 def to_bart(source: str, output: str, force: bool = False, verify_parity: bool = True) -> Path:
     """A vanilla encoder-decoder (or decoder alone) -> the transformers BART class of the same head."""
-    source_dir = resolve_source(source)
-    raw = read_config(source_dir)
-    require_model_type(raw, (VanillaSeq2SeqConfig.model_type,), "to-bart", source_dir)
+    source_dir, _ = read_source(source, (VanillaSeq2SeqConfig.model_type,), "to-bart")
     config = VanillaSeq2SeqConfig.from_pretrained(source_dir)
     ours = (config.architectures or ["VanillaSeq2SeqForConditionalGeneration"])[0]
     head = next((name for name, h in HEADS.items() if h.ours.__name__ == ours), None)
@@ -291,14 +283,3 @@ def to_bart(source: str, output: str, force: bool = False, verify_parity: bool =
             require_parity(*verify_bart(written.eval(), reference, head))
     return Path(output)
 
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (any BartFor* head) -> vanilla")
-    _common_arguments(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")
-    parser.set_defaults(run=lambda a: convert(a.source, a.output, a.dtype, a.force, a.verify, _command()))
-    parser = subparsers.add_parser("to-bart", help="a vanilla encoder-decoder (or decoder alone) -> transformers BART")
-    parser.add_argument("--source", required=True, help="vanilla encoder-decoder checkpoint directory")
-    parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-    parser.add_argument("--force", action="store_true", help="replace an existing --output once conversion succeeds")
-    parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the comparison")
-    parser.set_defaults(run=lambda a: to_bart(a.source, a.output, a.force, a.verify))

@@ -7,7 +7,6 @@ right), the reverse right to left, so the round trip BERT -> vanilla -> BERT ret
 """
 
 import json
-import sys
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -55,9 +54,9 @@ from .common import (
     map_tensors,
     normalise_keys,
     read_config,
+    read_source,
     reference_model,
     require_encoder,
-    require_model_type,
     require_parity,
     resolve_source,
     save_checkpoint,
@@ -172,7 +171,7 @@ def head_for(bert_config: dict, requested: str, tensors: dict) -> str:
 
 
 def vanilla_config(bert_config: dict) -> VanillaEncoderConfig:
-    require_encoder(bert_config, "BERT", "convert an encoder-decoder with `python -m conversion bert2bert`, or "
+    require_encoder(bert_config, "BERT", "convert an encoder-decoder with the bert2bert sub-command, or "
                                          "warm-start one from an encoder with `warm-start`.", causal=True)
     fields = {k: bert_config[k] for k in SHARED_FIELDS if k in bert_config}
     try:
@@ -273,9 +272,7 @@ def verify(source_dir: Path, tensors: dict, model, head: str, tolerance: float =
 def convert(source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
             verify_parity: bool = True, command: str | None = None) -> Path:
     """BERT checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
-    source_dir = resolve_source(source)
-    bert_config = read_config(source_dir)
-    require_model_type(bert_config, ("bert",), "bert", source_dir)
+    source_dir, bert_config = read_source(source, ("bert",), "bert")
     tensors = load_tensors(source_dir)
     head = head_for(bert_config, head, tensors)
     return write_conversion(
@@ -284,7 +281,7 @@ def convert(source: str, output: str, head: str = "auto", dtype: str = "float32"
         verify=(lambda model: verify(source_dir, tensors, model, head)) if verify_parity else None,
         save=lambda model, directory: save_checkpoint(model, directory, source_dir, dtype),
         title=f"{Path(source).name} as a vanilla encoder",
-        command=command or f"python -m conversion bert --source {source} --output {output}",
+        command=command or f"hf-vanilla bert --source {source} --output {output}",
     )
 
 
@@ -363,7 +360,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
     if raw_config.get("model_type") != VanillaEncoderConfig.model_type:
         raise ConversionError(
             f"{source_dir} holds a {raw_config.get('model_type')!r} model; to-bert reads "
-            f"{VanillaEncoderConfig.model_type!r} checkpoints (written by `python -m conversion bert` or by "
+            f"{VanillaEncoderConfig.model_type!r} checkpoints (written by the bert sub-command or by "
             f"save_pretrained of a VanillaEncoder* model)."
         )
     try:
@@ -376,7 +373,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
     check_tokenizer(source_dir, bert.config.vocab_size)
     if dtype is not None:
         bert.to(DTYPES[dtype])
-    with atomic_output(output, force) as staging:
+    with atomic_output(output, force, sources=(source_dir,)) as staging:
         bert.save_pretrained(staging)
         copy_side_files(source_dir, staging)
         if verify_parity:
@@ -387,30 +384,3 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
             ok, parity = compare(reference, written.eval(), relative=True)
             require_parity(ok, parity)
     return Path(output)
-
-
-# ---- command line -----------------------------------------------------------------------------------------------
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("bert", help="a transformers BERT checkpoint -> a vanilla encoder")
-    parser.add_argument("--source", required=True, help="Hub id (bert-base-uncased) or local BERT checkpoint dir")
-    parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-    parser.add_argument("--head", default="auto", choices=["auto", *HEADS],
-                        help="which model to build; auto follows the source's `architectures`")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the saved weights")
-    parser.add_argument("--force", action="store_true", help="replace an existing --output once conversion succeeds")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip the layer-by-layer comparison with transformers' BERT")
-    parser.set_defaults(run=lambda a: convert(a.source, a.output, a.head, a.dtype, a.force, a.verify,
-                                              command="python -m conversion " + " ".join(sys.argv[1:])))
-
-    parser = subparsers.add_parser("to-bert", help="a vanilla encoder checkpoint -> a transformers BERT checkpoint")
-    parser.add_argument("--source", required=True, help="vanilla encoder checkpoint directory (or Hub id)")
-    parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
-                        help="dtype of the saved weights (default: as stored, which makes the round trip exact)")
-    parser.add_argument("--force", action="store_true", help="replace an existing --output once conversion succeeds")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip loading the written BERT with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: to_bert(a.source, a.output, a.force, a.dtype, a.verify))

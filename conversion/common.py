@@ -2,17 +2,22 @@
 build the target without a second copy of the weights, write the output atomically, and report parity."""
 
 import json
-import os
 import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from hf_vanilla import VanillaEncoderForQuestionAnswering, VanillaEncoderForTokenClassification
+from hf_vanilla import (
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForQuestionAnswering,
+    VanillaEncoderForTokenClassification,
+    VanillaEncoderModel,
+)
+
+from .errors import ConversionError
+from .output import atomic_output
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -27,10 +32,6 @@ TOKENIZER_FILES = (
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 SENTENCE_TRANSFORMERS_DIRS = ("1_Pooling", "2_Normalize", "2_Dense", "3_Normalize")
-
-
-class ConversionError(Exception):
-    """A problem with the source, the options or the output; the CLI prints it and exits with status 2."""
 
 
 # ---- reading the source ---------------------------------------------------------------------------------------
@@ -59,11 +60,32 @@ def resolve_source(source: str) -> Path:
         ) from None
 
 
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from `path`; anything else (empty, malformed, a list) is an error naming the file."""
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as error:  # malformed, empty, or not text at all (UnicodeDecodeError)
+        raise ConversionError(f"{path} is not valid JSON ({error}): the {what} is damaged. Download or save the "
+                              f"checkpoint again.") from None
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path} holds {type(value).__name__}, not the JSON object a {what} is: it is damaged. "
+                              f"Download or save the checkpoint again.")
+    return value
+
+
+def read_source(source: str, model_types: tuple[str, ...], converter: str) -> tuple[Path, dict]:
+    """The source's folder and its config.json, refused unless its model_type is one that `converter` reads."""
+    source_dir = resolve_source(source)
+    config = read_config(source_dir)
+    require_model_type(config, model_types, converter, source_dir)
+    return source_dir, config
+
+
 def read_config(source_dir: Path) -> dict:
     path = source_dir / "config.json"
     if not path.is_file():
         raise ConversionError(f"{source_dir} has no config.json: it is not a transformers checkpoint.")
-    return json.loads(path.read_text())
+    return read_json(path, "model config")
 
 
 def require_model_type(config: dict, expected: tuple[str, ...], converter: str, source_dir: Path) -> None:
@@ -72,7 +94,7 @@ def require_model_type(config: dict, expected: tuple[str, ...], converter: str, 
         raise ConversionError(
             f"{source_dir} holds a {model_type!r} model, but the {converter!r} converter reads "
             f"{' or '.join(repr(e) for e in expected)}. Pick the converter for {model_type!r} "
-            f"(python -m conversion --help lists them)."
+            f"(--help lists them)."
         )
 
 
@@ -87,40 +109,78 @@ def load_tensors(source_dir: Path) -> dict[str, torch.Tensor]:
 
 def _read_tensors(source_dir: Path) -> dict[str, torch.Tensor]:
     """Safetensors first; a pickle (`.bin`) only through `torch.load(weights_only=True)`, which refuses anything but
-    tensors: a checkpoint never runs code here."""
-    index = source_dir / "model.safetensors.index.json"
-    single = source_dir / "model.safetensors"
-    if index.is_file() or single.is_file():
-        from safetensors.torch import load_file
-
-        files = _shards(index) if index.is_file() else [single.name]
-        tensors = {}
-        for name in files:
-            tensors.update(load_file(source_dir / name))
-        return tensors
-    index = source_dir / "pytorch_model.bin.index.json"
-    single = source_dir / "pytorch_model.bin"
-    if index.is_file() or single.is_file():
-        files = _shards(index) if index.is_file() else [single.name]
-        tensors = {}
-        for name in files:
-            try:
-                tensors.update(torch.load(source_dir / name, map_location="cpu", weights_only=True))
-            except Exception as error:
-                raise ConversionError(
-                    f"Refused to load {source_dir / name}: it is a pickle holding more than tensors "
-                    f"({type(error).__name__}), and unpickling it could run code. Convert it to safetensors with a "
-                    f"tool you trust, or use a safetensors version of the checkpoint."
-                ) from None
-        return tensors
+    tensors: a checkpoint never runs code here. A damaged file is told apart from one that is refused as unsafe."""
+    for index, single, read in (("model.safetensors.index.json", "model.safetensors", _read_safetensors),
+                                ("pytorch_model.bin.index.json", "pytorch_model.bin", _read_pickle)):
+        if (source_dir / index).is_file() or (source_dir / single).is_file():
+            files = _shards(source_dir, index) if (source_dir / index).is_file() else [single]
+            tensors = {}
+            for name in files:
+                tensors.update(read(source_dir / name))
+            return tensors
     found = sorted(p.name for p in source_dir.iterdir())
     raise ConversionError(
         f"{source_dir} has no weights (model.safetensors, its sharded index, or pytorch_model.bin); found {found}."
     )
 
 
-def _shards(index: Path) -> list[str]:
-    return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ConversionError(f"{path} is not a readable safetensors file ({error}): it is truncated or damaged. "
+                              f"Download or save the checkpoint again.") from None
+
+
+def _read_pickle(path: Path) -> dict[str, torch.Tensor]:
+    import pickle
+
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" in str(error) and "truncated" not in str(error):
+            raise ConversionError(
+                f"Refused to load {path}: it is a pickle holding more than tensors, and unpickling it could run "
+                f"code. Convert it to safetensors with a tool you trust, or use a safetensors version of the "
+                f"checkpoint."
+            ) from None
+        raise _damaged_pickle(path, error) from None
+    except Exception as error:  # truncated or damaged archives raise OSError, RuntimeError, EOFError...
+        raise _damaged_pickle(path, error) from None
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise ConversionError(f"{path} holds a {type(tensors).__name__}, not a dict of named tensors: it is not a "
+                              f"model's weights (a training checkpoint? then save the model's state_dict).")
+    return tensors
+
+
+def _damaged_pickle(path: Path, error: Exception) -> ConversionError:
+    detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return ConversionError(f"{path} could not be read ({detail}): it is truncated or damaged, not unsafe. Download or "
+                           f"save the checkpoint again.")
+
+
+def _shards(source_dir: Path, index: str) -> list[str]:
+    """The shard files an index names, each confined to `source_dir`: an index is data, and a path such as
+    `../elsewhere.safetensors` or `/etc/x` in it must not make the converter read outside the checkpoint. (Shards
+    that are symbolic links, as in the Hub's cache, are followed: the check is on the names the index holds.)"""
+    path = source_dir / index
+    weight_map = read_json(path, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConversionError(f"{path} has no weight_map of tensor names to shard files: the index is damaged. "
+                              f"Download or save the checkpoint again.")
+    files = sorted(set(weight_map.values()))
+    for name in files:
+        parts = Path(name).parts
+        if Path(name).is_absolute() or ".." in parts or not parts:
+            raise ConversionError(f"{path} names the shard {name!r}, outside the checkpoint folder; shards must be "
+                                  f"files inside {source_dir}. The index is damaged or was crafted.")
+        if not (source_dir / name).is_file():
+            raise ConversionError(f"{path} names the shard {name}, which is missing from {source_dir}: download "
+                                  f"every shard the index lists.")
+    return files
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -229,7 +289,8 @@ def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: 
     with torch.device("meta"):
         model = model_class(config)
     tied = set(model.get_expanded_tied_weights_keys(all_submodels=True))
-    expected = {k: v.shape for k, v in model.state_dict().items()}
+    targets = model.state_dict()  # on the meta device: shapes and dtypes, no memory
+    expected = {k: v.shape for k, v in targets.items()}
 
     def named(key):
         source = source_name(key) if source_name is not None else None
@@ -241,6 +302,8 @@ def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: 
         f"{named(k)}: source {tuple(t.shape)} vs target {tuple(expected[k])}"
         for k, t in tensors.items() if k in expected and t.shape != expected[k]
     ]
+    wrong_dtype = [f"{named(k)}: {t.dtype}" for k, t in tensors.items()
+                   if k in targets and targets[k].is_floating_point() and not t.is_floating_point()]
     problems = []
     if unknown:
         problems.append(f"source tensors with no mapping: {unknown}")
@@ -250,6 +313,9 @@ def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: 
         problems.append(f"mapped tensors the target does not have: {unexpected}")
     if wrong_shape:
         problems.append(f"shape mismatches: {wrong_shape}")
+    if wrong_dtype:
+        problems.append(f"weights of an integer or bool dtype (a model's weights are floating point: float32, "
+                        f"float16 or bfloat16; the checkpoint is damaged or not a model's weights): {wrong_dtype}")
     if problems:
         raise ConversionError("The checkpoint does not fit the target model:\n  " + "\n  ".join(problems))
     model.load_state_dict(tensors, strict=False, assign=True)
@@ -270,38 +336,13 @@ def _materialise_buffers(model) -> None:
 # ---- writing the output -----------------------------------------------------------------------------------------
 
 
-@contextmanager
-def atomic_output(output: str | Path, force: bool):
-    """Yield a fresh temporary directory beside `output`; move it into place only if the block succeeds.
-
-    An existing `output` is refused without `force`, and with it is replaced only once the new one is complete.
-    A failure or an interrupt (Ctrl-C) leaves no partial output behind."""
-    output = Path(output).resolve()
-    if output.exists() and not force:
-        raise ConversionError(f"{output} already exists; pass --force to replace it, or choose another --output.")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if output.exists():
-        retired = output.with_name(f".{output.name}.old-{os.getpid()}")
-        output.rename(retired)
-        staging.rename(output)
-        shutil.rmtree(retired) if retired.is_dir() else retired.unlink()
-    else:
-        staging.rename(output)
-
-
 def write_conversion(output: str, force: bool, source: str, source_dir: Path, build, verify, save, title: str,
                      command: str, notes: str = "") -> Path:
     """How every source -> vanilla converter ends, inside `atomic_output` (so nothing is written unless every step
     passes): `build()` the model, check the source's tokenizer against its vocabulary, `verify(model)` -> (ok,
     summary) unless `verify` is None (--no-verify), `save(model, directory)`, and a model card that records
     `command`, the parity summary and `notes`."""
-    with atomic_output(output, force) as staging:
+    with atomic_output(output, force, sources=(source_dir,)) as staging:
         model = build()
         check_tokenizer(source_dir, model.config.vocab_size)
         parity = "Not verified (--no-verify)."
@@ -335,13 +376,22 @@ def save_checkpoint(model, directory: Path, source_dir: Path | None, dtype: str 
         copy_side_files(source_dir, directory)
 
 
-def copy_side_files(source_dir: Path, directory: Path) -> None:
-    for name in TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES:
-        if (source_dir / name).is_file():
-            shutil.copy2(source_dir / name, directory / name)
-    for name in SENTENCE_TRANSFORMERS_DIRS:
+def copy_side_files(source_dir: Path, directory: Path, names=TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES,
+                    folders=SENTENCE_TRANSFORMERS_DIRS) -> list[str]:
+    """Copy the files `names` and the folders `folders` that the source has; returns the file names copied.
+
+    Contents only (`shutil.copyfile`), not the source's permission bits: the output follows the umask, as the
+    files `save_pretrained` writes do."""
+    copied = [name for name in names if (source_dir / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source_dir / name, directory / name)
+    for name in folders:
         if (source_dir / name).is_dir():
-            shutil.copytree(source_dir / name, directory / name)
+            (directory / name).mkdir()
+            for path in sorted((source_dir / name).rglob("*")):  # not copytree: it copies the folders' modes
+                target = directory / path.relative_to(source_dir)
+                target.mkdir() if path.is_dir() else shutil.copyfile(path, target)
+    return copied
 
 
 def write_model_card(directory: Path, title: str, source: str, command: str, parity: str) -> None:
@@ -476,6 +526,18 @@ class EncoderHead:
     tied: dict = field(default_factory=dict)
 
 
+# The encoder alone, which every format has.
+BASE_HEAD = EncoderHead(VanillaEncoderModel, "Model")
+
+
+def masked_lm_head(dense: str, norm: str, decoder: str, tied: dict) -> EncoderHead:
+    """A format's MLM head under its own module names: dense, activation, LayerNorm, and the decoder tied to the
+    word embeddings (its bias kept) -- BERT's head, which is our `VanillaLMHead`. `tied`: see `EncoderHead`."""
+    return EncoderHead(VanillaEncoderForMaskedLM, "ForMaskedLM",
+                       table=((dense, "lm_head.dense"), (norm, "lm_head.norm"), (decoder, "lm_head.decoder")),
+                       tied=tied)
+
+
 # The task heads every BERT-family format names as BERT does (`classifier`, `qa_outputs`), as ours do.
 TASK_HEADS = {
     "token-classification": EncoderHead(
@@ -606,9 +668,7 @@ class EncoderFormat:
         """Source checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
         from transformers import AutoConfig
 
-        source_dir = resolve_source(source)
-        raw_config = read_config(source_dir)
-        require_model_type(raw_config, tuple(self.class_prefixes), self.name, source_dir)
+        source_dir, raw_config = read_source(source, tuple(self.class_prefixes), self.name)
         # Fields left at their defaults may be missing from config.json: read them from the source's config class.
         try:
             source_config = AutoConfig.for_model(**raw_config).to_dict()
@@ -623,7 +683,7 @@ class EncoderFormat:
             verify=(lambda model: self.verify(source_dir, tensors, model, head, model_type)) if verify_parity else None,
             save=lambda model, directory: save_checkpoint(model, directory, source_dir, dtype),
             title=f"{Path(source).name} as a vanilla encoder",
-            command=command or f"python -m conversion {self.name} --source {source} --output {output}",
+            command=command or f"hf-vanilla {self.name} --source {source} --output {output}",
             notes=self.limitations,
         )
 
@@ -638,12 +698,11 @@ class EncoderFormat:
         import hf_vanilla  # noqa: F401  (registers the Auto classes)
         from transformers import AutoConfig
 
-        source_dir = resolve_source(source)
-        config = AutoConfig.from_pretrained(source_dir)
-        if config.model_type != "vanilla_encoder":
-            raise ConversionError(
-                f"{source_dir} holds a {config.model_type!r} model; to-{self.name} reads 'vanilla_encoder'."
-            )
+        source_dir, _ = read_source(source, ("vanilla_encoder",), f"to-{self.name}")
+        try:
+            config = AutoConfig.from_pretrained(source_dir)
+        except (ValueError, TypeError) as error:
+            raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
         architecture = (config.architectures or ["VanillaEncoderModel"])[0]
         head = next((h for h, spec in self.heads.items() if spec.model_class.__name__ == architecture), None)
         if head is None:
@@ -671,47 +730,29 @@ class EncoderFormat:
         model = build_model(model_class, target_config, mapped, unknown)
         model.config.architectures = [self.source_class(model_type, head).__name__]
         check_tokenizer(source_dir, model.config.vocab_size)
-        with atomic_output(output, force) as staging:
+        with atomic_output(output, force, sources=(source_dir,)) as staging:
             model.to(DTYPES[dtype]).save_pretrained(staging)
             copy_side_files(source_dir, staging)
         return Path(output)
 
-    # ---- command line ----
 
-    def register(self, subparsers) -> None:
-        import sys
-
-        parser = subparsers.add_parser(self.name, help=f"a transformers {self.title} checkpoint -> a vanilla encoder")
-        parser.add_argument("--source", required=True, help=f"Hub id or local {self.title} checkpoint directory")
-        parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-        parser.add_argument("--head", default="auto", choices=["auto", *self.heads],
-                            help="which model to build; auto follows the source's `architectures`")
-        parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the saved weights")
-        parser.add_argument("--force", action="store_true",
-                            help="replace an existing --output once conversion succeeds")
-        parser.add_argument("--no-verify", dest="verify", action="store_false",
-                            help=f"skip the layer-by-layer comparison with transformers' {self.title}")
-        parser.set_defaults(run=lambda a: self.convert(a.source, a.output, a.head, a.dtype, a.force, a.verify,
-                                                       command="python -m conversion " + " ".join(sys.argv[1:])))
-
-        parser = subparsers.add_parser(f"to-{self.name}",
-                                       help=f"a vanilla encoder checkpoint -> a transformers {self.title} checkpoint")
-        parser.add_argument("--source", required=True, help="vanilla encoder checkpoint directory")
-        parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-        parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
-        parser.add_argument("--force", action="store_true")
-        parser.add_argument("--model-type", default=next(iter(self.class_prefixes)), choices=list(self.class_prefixes),
-                            help="the model_type to write")
-        parser.set_defaults(run=lambda a: self.to_source(a.source, a.output, a.force, a.dtype, a.model_type))
-
-
-def require_gelu_lm_head(source: dict, head: str, lm_head_name: str) -> None:
-    """RoBERTa's and ELECTRA's MLM heads apply GELU whatever `hidden_act` says; ours applies `hidden_act`."""
-    if head == "masked-lm" and source["hidden_act"] != "gelu":
+def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,
+                         way_out: str = "convert with --head base") -> None:
+    """RoBERTa's and ELECTRA's MLM heads apply GELU whatever `hidden_act` says; ours applies `hidden_act`. Checked
+    both ways: `way_out` says what converts instead."""
+    if head == "masked-lm" and hidden_act != "gelu":
         raise ConversionError(
             f"{lm_head_name} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
-            f"({source['hidden_act']!r}): convert with --head base."
+            f"({hidden_act!r}): {way_out}."
         )
+
+
+def require_token_types(config, title: str) -> None:
+    """BERT's embeddings always add a token type vector (RoBERTa's and ELECTRA's too); a model without token types
+    (`type_vocab_size=0`, as converted from DistilBERT) cannot be written as one."""
+    if config.type_vocab_size == 0:
+        raise ConversionError(f"type_vocab_size=0 cannot be expressed as {title}, which always adds a token type "
+                              f"embedding.")
 
 
 def require_fields(config, needed: dict, target: str) -> None:

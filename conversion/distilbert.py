@@ -16,13 +16,9 @@ and is refused; the encoder of such a checkpoint converts with `--head base`. It
 without the extra training-time dropout `qa_dropout` (the outputs are the same).
 """
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
-    VanillaEncoderForMaskedLM,
-    VanillaEncoderModel,
-)
+from hf_vanilla import VanillaEncoderConfig
 
-from .common import TASK_HEADS, ConversionError, EncoderFormat, EncoderHead, require_fields
+from .common import BASE_HEAD, TASK_HEADS, ConversionError, EncoderFormat, masked_lm_head, require_fields
 
 # DistilBERT module -> ours, within the base model.
 ENCODER_TABLE = (
@@ -40,16 +36,10 @@ ENCODER_TABLE = (
 )
 
 HEADS = {
-    "base": EncoderHead(VanillaEncoderModel, "Model"),
-    "masked-lm": EncoderHead(
-        VanillaEncoderForMaskedLM, "ForMaskedLM",
-        table=(
-            ("vocab_transform", "lm_head.dense"),
-            ("vocab_layer_norm", "lm_head.norm"),
-            ("vocab_projector", "lm_head.decoder"),
-        ),
-        tied={"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"},  # stored by older writers
-    ),
+    "base": BASE_HEAD,
+    "masked-lm": masked_lm_head("vocab_transform", "vocab_layer_norm", "vocab_projector",
+                                # stored by older writers
+                                tied={"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"}),
     # DistilBertForTokenClassification: dropout(config.dropout) then a linear classifier, as ours.
     # DistilBertForQuestionAnswering drops out at qa_dropout before qa_outputs; ours does not (training only:
     # the outputs are the same).
@@ -113,4 +103,3 @@ FORMAT = EncoderFormat(
 
 convert = FORMAT.convert
 to_distilbert = FORMAT.to_source
-register = FORMAT.register

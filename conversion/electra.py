@@ -18,16 +18,20 @@ ELECTRA's sequence-classification head (dense + GELU + out_proj on [CLS]) has no
 the encoder of such a checkpoint converts with `--head base`.
 """
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
-    VanillaEncoderForMaskedLM,
-    VanillaEncoderForReplacedTokenDetection,
-    VanillaEncoderModel,
-)
+from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForReplacedTokenDetection
 
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
-from .common import TASK_HEADS, ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
+from .common import (
+    BASE_HEAD,
+    TASK_HEADS,
+    EncoderFormat,
+    EncoderHead,
+    masked_lm_head,
+    require_fields,
+    require_gelu_lm_head,
+    require_token_types,
+)
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
 ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (
@@ -35,7 +39,7 @@ ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") +
 )
 
 HEADS = {
-    "base": EncoderHead(VanillaEncoderModel, "Model"),
+    "base": BASE_HEAD,
     "replaced-token-detection": EncoderHead(
         VanillaEncoderForReplacedTokenDetection, "ForPreTraining",
         table=(
@@ -43,21 +47,15 @@ HEADS = {
             ("discriminator_predictions.dense_prediction", "rtd_head.prediction"),
         ),
     ),
-    "masked-lm": EncoderHead(
-        VanillaEncoderForMaskedLM, "ForMaskedLM",
-        table=(
-            ("generator_predictions.dense", "lm_head.dense"),
-            ("generator_predictions.LayerNorm", "lm_head.norm"),
-            ("generator_lm_head", "lm_head.decoder"),
-        ),
-        tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},  # stored by older writers
-    ),
+    "masked-lm": masked_lm_head("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head",
+                                # stored by older writers
+                                tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"}),
     **TASK_HEADS,
 }
 
 
 def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
-    require_gelu_lm_head(source, head, "ELECTRA's generator head")
+    require_gelu_lm_head(source["hidden_act"], head, "ELECTRA's generator head")
     fields = {k: source[k] for k in SHARED_FIELDS if k in source}
     return VanillaEncoderConfig(**fields, embedding_size=source["embedding_size"], use_pooler=False)
 
@@ -69,10 +67,9 @@ def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
         "use_pooler": (False, "ELECTRA has no pooler"),
         "position_offset": (0, "ELECTRA numbers positions from 0"),
     }, "ELECTRA")
-    if config.type_vocab_size == 0:
-        raise ConversionError("type_vocab_size=0 cannot be expressed as ELECTRA, which always has token types.")
-    if head == "masked-lm" and config.hidden_act != "gelu":
-        raise ConversionError(f"ELECTRA's generator head applies GELU; this model's applies {config.hidden_act!r}.")
+    require_token_types(config, "ELECTRA")
+    require_gelu_lm_head(config.hidden_act, head, "ELECTRA's generator head",
+                         way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
     return ElectraConfig(**fields, embedding_size=config.embedding_size)
 
@@ -96,4 +93,3 @@ FORMAT = EncoderFormat(
 
 convert = FORMAT.convert
 to_electra = FORMAT.to_source
-register = FORMAT.register

@@ -33,6 +33,7 @@ rest for short outputs), and buys one graph for every step, the first included (
 first-step graph and no control flow. `examples/onnx_greedy_decode.py` drives the pair.
 """
 
+import importlib
 import logging
 import warnings
 from contextlib import contextmanager
@@ -45,6 +46,8 @@ from .common import (
     TOKENIZER_FILES,
     ConversionError,
     atomic_output,
+    copy_side_files,
+    load_tensors,
     max_differences,
     read_config,
     require_model_type,
@@ -284,15 +287,36 @@ def _check(worst: float, tolerance: float) -> None:
 # ---- the command ------------------------------------------------------------------------------------------------
 
 
+def require_exporter() -> None:
+    """The export needs onnx and onnxscript (torch.onnx's dynamo exporter) and onnxruntime (the check), which are
+    the `onnx` extra, not dependencies of the package: say so before any work, not as a ModuleNotFoundError."""
+    missing = []
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ConversionError(f"The ONNX export needs {', '.join(missing)}, which is not installed: "
+                              f"pip install \"hf_vanilla[onnx]\" (onnx, onnxscript and onnxruntime).")
+
+
 def load_model(source_dir: Path, task: str):
     """The checkpoint as the task's model, in float32 and eval mode; a head the checkpoint lacks is an error
     (transformers would initialise it randomly and the export would be meaningless)."""
     import transformers
 
-    import hf_vanilla  # noqa: F401  (registers the vanilla classes with the Auto classes)
+    from hf_vanilla import AUTO_CLASSES
 
-    auto = getattr(transformers, TASKS[task][0])
-    model, info = auto.from_pretrained(source_dir, dtype=torch.float32, output_loading_info=True)
+    # The weights are read by the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors
+    # there), then placed by transformers' own loader, which takes them with the config instead of a path.
+    config = transformers.AutoConfig.from_pretrained(source_dir)
+    model_class = AUTO_CLASSES[type(config)][getattr(transformers, TASKS[task][0])]
+    options = {}
+    if (source_dir / "generation_config.json").is_file():
+        options["generation_config"] = transformers.GenerationConfig.from_pretrained(source_dir)
+    model, info = model_class.from_pretrained(None, config=config, state_dict=load_tensors(source_dir),
+                                              dtype=torch.float32, output_loading_info=True, **options)
     if info["missing_keys"]:
         raise ConversionError(
             f"{source_dir} has no weights for the {task!r} head (missing {sorted(info['missing_keys'])[:5]}); pick "
@@ -323,13 +347,14 @@ def task_for(config: dict, requested: str, source_dir: Path) -> str:
 
 def convert(source: str, output: str, task: str = "auto", force: bool = False, tolerance: float = TOLERANCE) -> Path:
     """Vanilla checkpoint directory -> a directory of ONNX graph(s), config, tokenizer. Returns the output path."""
+    require_exporter()
     source_dir = resolve_source(source)
     config = read_config(source_dir)
     task = task_for(config, task, source_dir)
     model = load_model(source_dir, task)
     input_names = encoder_input_names(model.config, source_dir)
     print(f"Exporting {type(model).__name__} ({task}) with inputs {input_names}")
-    with atomic_output(output, force) as staging:
+    with atomic_output(output, force, sources=(source_dir,)) as staging:
         if task == "seq2seq":
             export_encoder(model.get_encoder(), staging / "encoder_model.onnx", input_names, ("last_hidden_state",))
             export_decoder_step(model, staging / "decoder_model.onnx")
@@ -343,19 +368,5 @@ def convert(source: str, output: str, task: str = "auto", force: bool = False, t
             print("Verifying with ONNX Runtime against PyTorch (padded batch):")
             verify_encoder(model, staging / "model.onnx", input_names, output_names, tolerance)
         model.config.save_pretrained(staging)
-        for name in TOKENIZER_FILES:
-            if (source_dir / name).is_file():
-                (staging / name).write_bytes((source_dir / name).read_bytes())
+        copy_side_files(source_dir, staging, TOKENIZER_FILES, folders=())
     return Path(output)
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("onnx", help="a vanilla checkpoint -> ONNX graph(s), checked with ONNX Runtime")
-    parser.add_argument("--source", required=True, help="vanilla checkpoint directory (from another sub-command)")
-    parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-    parser.add_argument("--task", default="auto", choices=["auto", *TASKS],
-                        help="which model and outputs to export; auto follows the checkpoint's `architectures`")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
-                        help=f"max |diff| allowed between ONNX Runtime and PyTorch (default {TOLERANCE:g})")
-    parser.add_argument("--force", action="store_true", help="replace an existing --output once export succeeds")
-    parser.set_defaults(run=lambda a: convert(a.source, a.output, a.task, a.force, a.tolerance))

@@ -20,30 +20,26 @@ RoBERTa's sequence-classification head (dense + tanh + out_proj on <s>, no poole
 refused; the encoder of such a checkpoint converts with `--head base`.
 """
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
-    VanillaEncoderForMaskedLM,
-    VanillaEncoderModel,
-)
+from hf_vanilla import VanillaEncoderConfig
 
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .common import TASK_HEADS, ConversionError, EncoderFormat, EncoderHead, require_fields, require_gelu_lm_head
+from .common import (
+    BASE_HEAD,
+    TASK_HEADS,
+    EncoderFormat,
+    masked_lm_head,
+    require_fields,
+    require_gelu_lm_head,
+    require_token_types,
+)
 
 HEADS = {
-    "base": EncoderHead(VanillaEncoderModel, "Model"),
-    "masked-lm": EncoderHead(
-        VanillaEncoderForMaskedLM, "ForMaskedLM",
-        table=(
-            ("lm_head.dense", "lm_head.dense"),
-            ("lm_head.layer_norm", "lm_head.norm"),
-            ("lm_head", "lm_head.decoder"),  # lm_head.bias is the decoder's bias
-        ),
-        # Older checkpoints also store the tied decoder weight and a copy of the bias.
-        tied={
-            "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
-            "lm_head.decoder.bias": "lm_head.bias",
-        },
-    ),
+    "base": BASE_HEAD,
+    # lm_head.bias is the decoder's bias. Older checkpoints also store the tied decoder weight and a copy of the bias.
+    "masked-lm": masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head", tied={
+        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.bias": "lm_head.bias",
+    }),
     **TASK_HEADS,
 }
 
@@ -55,7 +51,7 @@ LIMITATIONS = (
 
 
 def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
-    require_gelu_lm_head(source, head, "RoBERTa's MLM head")
+    require_gelu_lm_head(source["hidden_act"], head, "RoBERTa's MLM head")
     fields = {k: source[k] for k in SHARED_FIELDS if k in source}
     # fairseq numbers positions after the padding index: the first token sits at row pad_token_id + 1.
     return VanillaEncoderConfig(**fields, position_offset=source["pad_token_id"] + 1)
@@ -68,10 +64,9 @@ def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
         "position_offset": (config.pad_token_id + 1, "RoBERTa numbers positions from pad_token_id + 1"),
         "embedding_size": (config.hidden_size, "RoBERTa embeds at the model width"),
     }, "RoBERTa")
-    if config.type_vocab_size == 0:
-        raise ConversionError("type_vocab_size=0 cannot be expressed as RoBERTa, which always has a token type.")
-    if head == "masked-lm" and config.hidden_act != "gelu":
-        raise ConversionError(f"RoBERTa's MLM head applies GELU; this model's applies {config.hidden_act!r}.")
+    require_token_types(config, "RoBERTa")
+    require_gelu_lm_head(config.hidden_act, head, "RoBERTa's MLM head",
+                         way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
     return AutoConfig.for_model(model_type, **fields)
 
@@ -96,4 +91,3 @@ FORMAT = EncoderFormat(
 
 convert = FORMAT.convert
 to_roberta = FORMAT.to_source
-register = FORMAT.register

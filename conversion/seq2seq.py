@@ -13,8 +13,6 @@ the token sequences of greedy and beam-search `generate()`.
 """
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -23,16 +21,17 @@ from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGenerat
 
 from .bert import ENCODER_TABLE, HEAD_TABLES, check_tied_decoder, dropped_keys, vanilla_config
 from .common import (
-    DTYPES,
     TOKENIZER_FILES,
     ConversionError,
     build_model,
+    copy_side_files,
     expand_table,
     load_tensors,
     map_tensors,
     max_differences,
     normalise_keys,
     read_config,
+    read_source,
     reference_model,
     report,
     require_model_type,
@@ -213,7 +212,7 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
         verify=verifier("EncoderDecoderModel", tensors, source_dir, with_token_types=True) if verify_parity else None,
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BertTokenizer"),
         title=f"{Path(source).name} as a vanilla encoder-decoder",
-        command=command or f"python -m conversion bert2bert --source {source} --output {output}",
+        command=command or f"hf-vanilla bert2bert --source {source} --output {output}",
     )
 
 
@@ -281,7 +280,7 @@ def warm_start_tensors(bert_tensors: dict, bert_config: dict, seed: int) -> tupl
     bert = normalise_keys(bert_tensors, "bert.")
     if any(".crossattention." in k for k in bert):
         raise ConversionError("The source BERT already has cross-attention: it is half of an encoder-decoder. "
-                              "Convert the whole model with `python -m conversion bert2bert`.")
+                              "Convert the whole model with the bert2bert sub-command.")
     generator = torch.Generator().manual_seed(seed)
     size, std = bert_config["hidden_size"], bert_config.get("initializer_range", 0.02)
     tensors = {}
@@ -305,9 +304,7 @@ def warm_start_tensors(bert_tensors: dict, bert_config: dict, seed: int) -> tupl
 def convert_warm_start(source: str, output: str, dtype: str = "float32", force: bool = False,
                        verify_parity: bool = True, seed: int = 0, decoder_start_token_id: int | None = None,
                        eos_token_id: int | None = None, command: str | None = None) -> Path:
-    source_dir = resolve_source(source)
-    bert_config = read_config(source_dir)
-    require_model_type(bert_config, ("bert",), "warm-start", source_dir)
+    source_dir, bert_config = read_source(source, ("bert",), "warm-start")
     start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
     bert_tensors = load_tensors(source_dir)
     tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
@@ -329,7 +326,7 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BertTokenizer",
                                                    copy_generation_config=False),
         title=f"bert2bert warm-started from {Path(source).name}",
-        command=command or f"python -m conversion warm-start --source {source} --output {output}",
+        command=command or f"hf-vanilla warm-start --source {source} --output {output}",
         notes="Cross-attention is freshly initialised: fine-tune before use.",
     )
 
@@ -515,9 +512,7 @@ def marian_to_vanilla(tensors: dict, marian: dict):
 
 def convert_marian(source: str, output: str, dtype: str = "float32", force: bool = False,
                    verify_parity: bool = True, command: str | None = None) -> Path:
-    source_dir = resolve_source(source)
-    marian = read_config(source_dir)
-    require_model_type(marian, ("marian",), "marian", source_dir)
+    source_dir, marian = read_source(source, ("marian",), "marian")
     ids = generation_ids(source_dir, marian)
     tensors = load_tensors(source_dir)
     return write_conversion(
@@ -526,7 +521,7 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
         verify=verifier("MarianMTModel", tensors, source_dir, with_token_types=False) if verify_parity else None,
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "MarianTokenizer"),
         title=f"{Path(source).name} as a vanilla encoder-decoder",
-        command=command or f"python -m conversion marian --source {source} --output {output}",
+        command=command or f"hf-vanilla marian --source {source} --output {output}",
     )
 
 
@@ -554,17 +549,14 @@ def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, tokenizer
     through the source's model_type, which the converted config no longer has (OPUS-MT's tokenizer_config.json
     holds only the languages, and Marian has no tokenizer.json to fall back on)."""
     save_checkpoint(model, directory, None, dtype)
-    copied = [name for name in TOKENIZER_FILES if (source_dir / name).is_file()]
-    for name in copied:
-        shutil.copy2(source_dir / name, directory / name)
-    if copied:
+    generation = ("generation_config.json",) if copy_generation_config else ()
+    copied = copy_side_files(source_dir, directory, TOKENIZER_FILES + generation, folders=())
+    if set(copied) - set(generation):
         path = directory / "tokenizer_config.json"
         tokenizer_config = json.loads(path.read_text()) if path.is_file() else {}
         if "tokenizer_class" not in tokenizer_config:
             tokenizer_config["tokenizer_class"] = tokenizer_class
             path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    if copy_generation_config and (source_dir / "generation_config.json").is_file():
-        shutil.copy2(source_dir / "generation_config.json", directory / "generation_config.json")
 
 
 def verifier(reference_class: str, tensors: dict, source_dir: Path, with_token_types: bool):
@@ -633,40 +625,3 @@ def verify_seq2seq(reference, model, with_token_types: bool, generation: bool = 
         ok &= same
         summary += f"; {name} generate(): {'identical' if same else 'different'} tokens"
     return ok, summary
-
-
-# ---- command line -----------------------------------------------------------------------------------------------
-
-
-def _common_arguments(parser, source_help: str) -> None:
-    parser.add_argument("--source", required=True, help=source_help)
-    parser.add_argument("--output", required=True, help="directory to write (refused if it exists, unless --force)")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the saved weights")
-    parser.add_argument("--force", action="store_true", help="replace an existing --output once conversion succeeds")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip the comparison with the transformers model")
-
-
-def _command() -> str:
-    return "python -m conversion " + " ".join(sys.argv[1:])
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "warm-start", help="one BERT checkpoint -> both stacks of a vanilla encoder-decoder (bert2bert)")
-    _common_arguments(parser, "Hub id (bert-base-uncased) or local BERT checkpoint dir")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fresh cross-attention")
-    parser.add_argument("--decoder-start-token-id", type=int, default=None,
-                        help="first decoder token; default the tokenizer's [CLS]")
-    parser.add_argument("--eos-token-id", type=int, default=None, help="end of a target; default the tokenizer's [SEP]")
-    parser.set_defaults(run=lambda a: convert_warm_start(a.source, a.output, a.dtype, a.force, a.verify, a.seed,
-                                                         a.decoder_start_token_id, a.eos_token_id, _command()))
-
-    parser = subparsers.add_parser(
-        "bert2bert", help="a transformers EncoderDecoderModel (BERT encoder + BERT decoder) -> vanilla")
-    _common_arguments(parser, "Hub id or local EncoderDecoderModel checkpoint dir")
-    parser.set_defaults(run=lambda a: convert_bert2bert(a.source, a.output, a.dtype, a.force, a.verify, _command()))
-
-    parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
-    _common_arguments(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: convert_marian(a.source, a.output, a.dtype, a.force, a.verify, _command()))

@@ -4,6 +4,19 @@
 loads with `AutoModel.from_pretrained(path)` without `trust_remote_code`.
 """
 
+__version__ = "0.1.0"
+
+import os as _os
+import sys as _sys
+
+if _sys.argv and _os.path.basename(_sys.argv[0]).removesuffix(".exe") == "hf-vanilla":
+    # The `hf-vanilla` command: Python imports this package before the command's module, and with it transformers
+    # (seconds). --help and usage errors are answered here first, with argparse alone (they exit); a sub-command
+    # that runs goes on to the full import below.
+    from .conversion.cli import answer_without_models
+
+    answer_without_models()
+
 from transformers import (
     AutoConfig,
     AutoModel,

@@ -307,46 +307,53 @@ def test_real_tokenizer_matching_its_embeddings_converts_silently(tmp_path, mini
 
 
 # ---- the output directory ---------------------------------------------------------------------------------------
+# (what --force may replace, concurrent conversions and signals: tests/test_conversion_safety.py)
 
 
 @pytest.fixture
-def existing_output(tmp_path):
+def existing_output(tiny_bert_dir, tmp_path):
+    """An earlier output of the converter: what --force may replace."""
     output = tmp_path / "out"
-    output.mkdir()
-    (output / "marker.txt").write_text("a previous conversion")
+    assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(output), "--no-verify"]) == 0
     return output
 
 
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_existing_output_refused_without_force(source, existing_output, capsys):
-    assert_refused(capsys, existing_output, "already exists; pass --force to replace it",
+    before = snapshot(existing_output)
+    assert_refused(capsys, existing_output, "already exists; pass --force to replace an earlier output",
                    "bert", "--source", source, "--output", existing_output)
-    assert sorted(p.name for p in existing_output.iterdir()) == ["marker.txt"]
-    assert (existing_output / "marker.txt").read_text() == "a previous conversion"
+    assert snapshot(existing_output) == before
 
 
 def test_force_keeps_the_old_output_when_conversion_fails(source, existing_output, capsys):
+    before = snapshot(existing_output)
     edit_tensors(source, lambda t: t.pop("cls.predictions.transform.dense.weight"))
     assert_refused(capsys, existing_output, "does not fit the target model",
                    "bert", "--source", source, "--output", existing_output, "--force")
-    assert sorted(p.name for p in existing_output.iterdir()) == ["marker.txt"]
-    assert (existing_output / "marker.txt").read_text() == "a previous conversion"
+    assert snapshot(existing_output) == before
 
 
 def test_force_keeps_the_old_output_when_interrupted(source, existing_output, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
+    before = snapshot(existing_output)
     monkeypatch.setattr(conversion.bert, "save_checkpoint", interrupted)
     with pytest.raises(KeyboardInterrupt):
         main(["bert", "--source", str(source), "--output", str(existing_output), "--force", "--no-verify"])
-    assert sorted(p.name for p in existing_output.iterdir()) == ["marker.txt"]
+    assert snapshot(existing_output) == before
     assert leftovers(existing_output) == []
 
 
-def test_force_replaces_after_success(source, existing_output):
+def test_force_replaces_after_success(source, existing_output, capsys):
+    edit_config(source, id2label={"0": "old", "1": "new"})  # a visibly different conversion
     assert main(["bert", "--source", str(source), "--output", str(existing_output), "--force"]) == 0
-    assert not (existing_output / "marker.txt").exists()
-    assert (existing_output / "model.safetensors").is_file() and (existing_output / "config.json").is_file()
+    assert json.loads((existing_output / "config.json").read_text())["id2label"] == {"0": "old", "1": "new"}
+    assert (existing_output / "model.safetensors").is_file() and (existing_output / "README.md").is_file()
     assert leftovers(existing_output) == []  # no staging and no retired copy left behind
 
 

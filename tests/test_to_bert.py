@@ -268,5 +268,10 @@ def test_refuses_existing_output_without_force(tmp_path, capsys):
     assert main(["to-bert", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "bert")]) == 2
     assert "already exists; pass --force" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "bert").iterdir()] == ["keep.txt"]
-    assert cli("to-bert", "--source", tmp_path / "vanilla", "--output", tmp_path / "bert", "--force")[0] == 0
-    assert not (tmp_path / "bert" / "keep.txt").exists() and (tmp_path / "bert" / "model.safetensors").exists()
+    # --force replaces only an earlier output of the converter, never a folder holding anything else.
+    assert main(["to-bert", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "bert"), "--force"]) == 2
+    assert "--force refuses to replace" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "bert").iterdir()] == ["keep.txt"]
+    assert cli("to-bert", "--source", tmp_path / "vanilla", "--output", tmp_path / "converted")[0] == 0
+    assert cli("to-bert", "--source", tmp_path / "vanilla", "--output", tmp_path / "converted", "--force")[0] == 0
+    assert (tmp_path / "converted" / "model.safetensors").exists()
