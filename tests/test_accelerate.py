@@ -149,14 +149,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_training(*args, processes=1):
-    """examples/train_accelerate.py on CPU, in `processes` processes of one thread each (torchrun: real MULTI_CPU
-    over gloo). Returns the completed process."""
+def launch(script, *args, processes=1, env=None):
+    """examples/`script` in `processes` processes of one thread each (torchrun: real MULTI_CPU over gloo)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                 "--master_port", str(free_port())] if processes > 1 else [sys.executable]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([*launcher, str(ROOT / "examples" / "train_accelerate.py"), "--cpu", *args],
-                            capture_output=True, text=True, env=env, timeout=600)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([*launcher, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def run_training(*args, processes=1):
+    """examples/train_accelerate.py on CPU; fails the test unless it succeeds."""
+    result = launch("train_accelerate.py", "--cpu", *args, processes=processes)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
