@@ -177,12 +177,12 @@ def scaled_loss(accelerator, loss, labels):
 
 
 @torch.no_grad()
-def evaluate(model, task, data):
+def evaluate(model, task, data, device):
     """Held-out loss and accuracy, from one forward pass on every process alike (so FSDP's gathers match up).
     seq2seq accuracy is per target token, and exact match counts targets right at every position: the model's
     greedy `generate()` produces exactly those, since each step then feeds back the correct token."""
     model.eval()
-    batch = collate(task)([data[i] for i in range(len(data))])
+    batch = {k: v.to(device) for k, v in collate(task)([data[i] for i in range(len(data))]).items()}
     out = model(**batch)
     predicted, labels = out.logits.argmax(-1), batch["labels"]
     model.train()
@@ -203,7 +203,7 @@ def describe(metrics, untrained, task):
 
 def full_weights(model):
     """Every parameter in full on every process, in float32 (FSDP gathers its shards: all processes call this)."""
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().float().clone()
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().float().cpu().clone()
             for k, v in model.state_dict().items()}
 
 
@@ -282,7 +282,7 @@ def main(argv=None):
         step, losses, untrained = progress_so_far["step"], progress_so_far["losses"], progress_so_far["untrained"]
         accelerator.print(f"resumed from {args.resume_from} at step {step}")
     else:
-        step, losses, untrained = 0, [], evaluate(model, args.task, held_out)
+        step, losses, untrained = 0, [], evaluate(model, args.task, held_out, accelerator.device)
     micro_batches = accelerator.skip_first_batches(loader, step * args.grad_accum)
 
     model.train()
@@ -325,12 +325,13 @@ def main(argv=None):
 
         save_file(full_weights(accelerator.unwrap_model(model)), output / f"rank{accelerator.process_index}.safetensors")
     state_dict = accelerator.get_state_dict(model)  # FSDP: gathered in full on the main process only
-    trained = evaluate(model, args.task, held_out)
+    trained = evaluate(model, args.task, held_out, accelerator.device)
     if accelerator.is_main_process:
         # A fresh instance of the model's own class: under FSDP2 the prepared model's class is a generated subclass
         # (FSDPVanilla...), which save_pretrained would name in config.json's auto_map, next to copies of torch's
         # FSDP source files.
         config = accelerator.unwrap_model(model).config
+        state_dict = {k: v.cpu() for k, v in state_dict.items()}
         final = MODEL_CLASSES[args.task].from_pretrained(None, config=config, state_dict=state_dict)
         final.save_pretrained(output / "final")
         (output / "losses.json").write_text(json.dumps(losses))
