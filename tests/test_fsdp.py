@@ -73,3 +73,18 @@ def test_fsdp_on_two_processes_trains_like_one_and_saves_loadable_checkpoints(ta
     assert_equals_weights(final, rank0, "final/")
     assert_equals_weights(reload_checkpoint(task, tmp_path / "fsdp" / "checkpoint-4", form), rank0,
                           f"the {form} checkpoint")
+
+
+@pytest.mark.slow
+def test_fsdp_resume_from_sharded_state_is_exact_with_dropout_on(tmp_path):
+    """load_state puts each process's shard of weights and optimizer state back, with its random generators."""
+    common = ["--task", "seq2seq", "--steps", "6", "--batch-size", "4", "--width", "32", "--dropout", "0.1",
+              "--fsdp", "sharded", "--save-rank-weights"]
+    run_training(*common, "--output", str(tmp_path / "straight"), "--checkpoint-every", "3", processes=2)
+    run_training(*common, "--output", str(tmp_path / "resumed"),
+                 "--resume-from", str(tmp_path / "straight" / "checkpoint-3"), processes=2)
+    straight, resumed = (load_file(tmp_path / run / "rank0.safetensors") for run in ("straight", "resumed"))
+    differing = [key for key in straight if not torch.equal(straight[key], resumed[key])]
+    assert straight.keys() == resumed.keys() and not differing, differing
+    assert (json.loads((tmp_path / "straight" / "losses.json").read_text()) ==
+            json.loads((tmp_path / "resumed" / "losses.json").read_text()))
