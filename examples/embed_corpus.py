@@ -212,9 +212,10 @@ def load_embeddings(output) -> tuple[torch.Tensor, torch.Tensor]:
 def main(argv=None):
     args = parse_args(argv)
     state = PartialState(cpu=args.cpu or not torch.cuda.is_available())  # torchrun on CPU: MULTI_CPU over gloo
-    # Each process gets its share of the cores: torch would start one thread per core in every process, and threads
-    # that outnumber free cores wait on each other at every op.
-    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // state.num_processes))
+    # Each process gets its share of this machine's cores: torch would start one thread per core in every process,
+    # and threads that outnumber free cores wait on each other at every op.
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // local_processes))
     folder, output = Path(args.model), Path(args.output)
     pooling, normalize, max_length = sentence_transformers_settings(folder)
     pooling, normalize = args.pooling or pooling, normalize if args.normalize is None else args.normalize
@@ -236,7 +237,7 @@ def main(argv=None):
     if state.is_main_process:
         check_manifest(output, manifest)
         output.mkdir(parents=True, exist_ok=True)
-        (output / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        write_atomically(output / "manifest.json", json.dumps(manifest, indent=1).encode())
         pending = [i for i in range(len(shards)) if not shard_path(output, i).exists()]
     else:
         pending = None
