@@ -1,25 +1,39 @@
-"""Train a vanilla model with Accelerate: the same script on one CPU, two CPU processes, or many GPUs.
+"""Train a vanilla model with Accelerate: the same script on one CPU, two CPU processes, or many GPUs, with data
+parallelism (DDP) or fully sharded data parallelism (FSDP2).
 
-    python examples/train_accelerate.py --task classification --output runs/cls            # one process
-    torchrun --nproc_per_node 2 examples/train_accelerate.py --cpu --output runs/cls       # 2-process gloo (CPU)
-    accelerate launch examples/train_accelerate.py --task seq2seq --output runs/s2s        # GPUs, as configured
+    python examples/train_accelerate.py --task classification --output runs/cls                  # one process
+    torchrun --nproc_per_node 2 examples/train_accelerate.py --cpu --output runs/cls-ddp         # DDP over gloo
+    torchrun --nproc_per_node 2 examples/train_accelerate.py --cpu --fsdp sharded --output runs/cls-fsdp
+    accelerate launch examples/train_accelerate.py --task seq2seq --fsdp sharded --output runs/s2s  # GPUs
 
 `--task classification` fine-tunes `VanillaEncoderForSequenceClassification` (from a converted checkpoint with
 `--model DIR`, else a small random encoder); `--task seq2seq` trains `VanillaSeq2SeqForConditionalGeneration` from
-scratch. Both learn a synthetic task generated here, so the script runs offline.
+scratch. Both learn a synthetic task generated here, so the script runs offline, and both end by printing held-out
+loss and accuracy next to those of the untrained model, so a run says whether it learned.
 
-What Accelerate does for us: wraps the model for data parallelism (DDP over gloo on CPU, NCCL on GPU), shards the
-data loader across processes, averages gradients, runs mixed precision where the device has it, accumulates
-gradients, clips them across processes, and saves/restores the whole training state (`save_state`/`load_state`).
+What Accelerate does for us: wraps the model for data parallelism (DDP over gloo on CPU, NCCL on GPU) or shards it
+(`--fsdp`: FSDP2's `fully_shard`, one shard unit per encoder/decoder layer), shards the data loader across
+processes, averages gradients, runs mixed precision where the device has it, accumulates gradients, clips them
+across processes, and saves/restores the whole training state (`save_state`/`load_state`: weights, optimizer,
+scheduler, sampler and every process's random generators), so that `--resume-from` continues bit for bit.
+
+The loss is the mean over every scored item (class label or target token) of the *global* micro-batch, whatever
+the number of processes: a run on N processes with `--batch-size B` follows the same loss curve as one process with
+`--batch-size N*B` (written to OUTPUT/losses.json).
 """
 
 import argparse
+import json
 import math
+import os
+from collections import defaultdict
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import DistributedType, set_seed
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
@@ -31,6 +45,12 @@ from hf_vanilla import (
 )
 
 VOCAB, PAD, START, END = 64, 0, 1, 2  # synthetic token ids: 3..VOCAB-1 are "words"
+IGNORED = -100  # label value the losses skip
+MODEL_CLASSES = {"classification": VanillaEncoderForSequenceClassification,
+                 "seq2seq": VanillaSeq2SeqForConditionalGeneration}
+# FSDP shard units. Not `_no_split_modules` (Accelerate's default): that list also names VanillaEmbeddings, whose
+# word matrix the encoder-decoder ties to its output projection, and the decoder layer, absent from an encoder.
+SHARD_UNITS = {"classification": ["VanillaEncoderLayer"], "seq2seq": ["VanillaEncoderLayer", "VanillaDecoderLayer"]}
 
 
 class Synthetic(Dataset):
@@ -64,110 +84,261 @@ def collate(task):
         if task == "classification":
             inputs["labels"] = torch.tensor([label for _, label in batch])
         else:
-            inputs["labels"] = pad([target for _, target in batch], -100)  # -100: not scored
+            inputs["labels"] = pad([target for _, target in batch], IGNORED)
         return inputs
 
     return fn
 
 
 def build_model(args):
-    if args.model:
-        model_class = (VanillaEncoderForSequenceClassification if args.task == "classification"
-                       else VanillaSeq2SeqForConditionalGeneration)
-        return model_class.from_pretrained(args.model, num_labels=2) if args.task == "classification" \
-            else model_class.from_pretrained(args.model)
-    sizes = dict(vocab_size=VOCAB, hidden_size=args.width, num_attention_heads=4, intermediate_size=4 * args.width,
-                 max_position_embeddings=64, hidden_dropout_prob=args.dropout, pad_token_id=PAD)
+    # `--dropout` sets every dropout the model has: on embeddings and sub-layer outputs, on attention weights, and
+    # before the classifier. Each is a random draw per step that a resumed run must replay.
+    dropouts = dict(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
     if args.task == "classification":
-        return VanillaEncoderForSequenceClassification(VanillaEncoderConfig(num_hidden_layers=2, num_labels=2, **sizes))
-    return VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqConfig(
+        dropouts["classifier_dropout"] = args.dropout
+    model_class = MODEL_CLASSES[args.task]
+    if args.model:
+        extra = {"num_labels": 2} if args.task == "classification" else {}
+        return model_class.from_pretrained(args.model, **dropouts, **extra)
+    sizes = dict(vocab_size=VOCAB, hidden_size=args.width, num_attention_heads=4, intermediate_size=4 * args.width,
+                 max_position_embeddings=64, pad_token_id=PAD, **dropouts)
+    if args.task == "classification":
+        return model_class(VanillaEncoderConfig(num_hidden_layers=2, num_labels=2, **sizes))
+    return model_class(VanillaSeq2SeqConfig(
         num_hidden_layers=2, decoder_layers=2, bos_token_id=START, eos_token_id=END, decoder_start_token_id=START,
         **sizes))
+
+
+def cpu_threads(args) -> int:
+    """Torch threads per process. Torch starts one per core in every process, so N processes on N cores run N^2
+    threads, and on a shared machine threads that outnumber free cores wait on each other at every op: the
+    built-in 64-wide model ran 10-20x slower with two threads on a busy 2-core machine than with one. Its matrices
+    are too small for a second thread to pay, so it gets one; a converted checkpoint (`--model`, BERT-base sized)
+    gets this process's share of the cores."""
+    if args.threads:
+        return args.threads
+    if not args.model:
+        return 1
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // local_processes)
+
+
+def fsdp_plugin(args):
+    """FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across processes, gathered one
+    layer at a time. `full`/`sharded` choose how `save_state` writes the model: one file gathered on the main
+    process, or one piece per process (torch.distributed.checkpoint)."""
+    if not args.fsdp:
+        return None
+    return FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=SHARD_UNITS[args.task],
+        state_dict_type="FULL_STATE_DICT" if args.fsdp == "full" else "SHARDED_STATE_DICT",
+        reshard_after_forward=True, cpu_ram_efficient_loading=False,
+    )
+
+
+def select_fsdp_on_cpu(accelerator, plugin):
+    """Accelerate 1.15 chooses FSDP only on accelerator devices: with `cpu=True` it sets up MULTI_CPU (DDP over
+    gloo) and silently drops the plugin (accelerate/state.py: FSDP is selected inside the MULTI_GPU/NPU/XPU/...
+    branch only). torch's `fully_shard` itself runs on CPU over gloo, so make the choice that branch makes. A no-op
+    wherever Accelerate chose FSDP itself."""
+    if plugin is None or accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return
+    PartialState().distributed_type = DistributedType.FSDP  # AcceleratorState() re-reads it from here
+    AcceleratorState().distributed_type = DistributedType.FSDP
+    AcceleratorState().fsdp_plugin = plugin
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+
+
+def shard_tied_modules_together(model, plugin):
+    """FSDP2 puts each parameter in one shard group and refuses a parameter that two groups see. Accelerate groups
+    the input embedding with the output projection when those two are tied, but the encoder-decoder ties a third
+    module: its target embedding shares the source embedding's matrix. So every module holding a shared parameter
+    goes into one group, before Accelerate shards the layers and the rest; the ties survive training."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    holders = defaultdict(list)
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            holders[parameter].append(module)
+    tied = list(dict.fromkeys(module for modules in holders.values() if len(modules) > 1 for module in modules))
+    if tied:  # the settings Accelerate gives its own tied group (accelerate/utils/fsdp_utils.py)
+        fully_shard(tied, reshard_after_forward=False, offload_policy=plugin.cpu_offload,
+                    mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+
+
+def scaled_loss(accelerator, loss, labels):
+    """The model's loss is the mean over this process's scored items (labels that are not -100). DDP and FSDP
+    average gradients over processes, which weighs every process alike; weighting each by its share of the items
+    makes the update the mean over the whole global micro-batch, as one process would compute it."""
+    items = (labels != IGNORED).sum()
+    total = accelerator.reduce(items.clone(), reduction="sum")
+    return loss * (items * accelerator.num_processes / total)
+
+
+@torch.no_grad()
+def evaluate(model, task, data, device):
+    """Held-out loss and accuracy, from one forward pass on every process alike (so FSDP's gathers match up).
+    seq2seq accuracy is per target token, and exact match counts targets right at every position: the model's
+    greedy `generate()` produces exactly those, since each step then feeds back the correct token."""
+    model.eval()
+    batch = {k: v.to(device) for k, v in collate(task)([data[i] for i in range(len(data))]).items()}
+    out = model(**batch)
+    predicted, labels = out.logits.argmax(-1), batch["labels"]
+    model.train()
+    if task == "classification":
+        return {"loss": out.loss.item(), "accuracy": (predicted == labels).float().mean().item()}
+    scored = labels != IGNORED
+    right = (predicted == labels) | ~scored
+    return {"loss": out.loss.item(), "accuracy": right[scored].float().mean().item(),
+            "exact match": right.all(-1).float().mean().item()}
+
+
+def describe(metrics, untrained, task):
+    chance = "ln 2 = 0.693" if task == "classification" else f"ln {VOCAB} = {math.log(VOCAB):.3f}"
+    parts = [f"loss {metrics['loss']:.4f} (untrained {untrained['loss']:.4f}; a uniform guess scores {chance})"]
+    parts += [f"{name} {metrics[name]:.1%} (untrained {untrained[name]:.1%})" for name in metrics if name != "loss"]
+    return ", ".join(parts)
+
+
+def full_weights(model):
+    """Every parameter in full on every process, in float32 (FSDP gathers its shards: all processes call this)."""
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().float().cpu().clone()
+            for k, v in model.state_dict().items()}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["classification", "seq2seq"], default="classification")
     parser.add_argument("--model", help="start from this checkpoint (e.g. a converted BERT) instead of random init")
-    parser.add_argument("--output", required=True, help="directory for checkpoints and the final model")
+    parser.add_argument("--output", required=True, help="directory for checkpoints, losses.json and final/")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=16, help="per process, per micro-batch")
     parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--dropout", type=float, default=0.1,
+                        help="every dropout: embeddings, sub-layer outputs, attention weights, classifier")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "fp16", "bf16"], default="auto",
                         help="auto: bf16 on a GPU that supports it, otherwise full precision")
+    parser.add_argument("--fsdp", choices=["full", "sharded"],
+                        help="shard the model with FSDP2 (needs a multi-process launch); checkpoints are written "
+                             "as one full state dict or as one shard per process")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save_state every N steps (0: never)")
     parser.add_argument("--resume-from", help="a checkpoint directory written by --checkpoint-every")
     parser.add_argument("--save-rank-weights", action="store_true",
                         help="also write each process's final weights (rank{N}.safetensors), to check they agree")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads per process (0: 1 for the built-in small model, else the process's "
+                             "share of the cores)")
     parser.add_argument("--cpu", action="store_true", help="train on CPU even if a GPU is present")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    output = Path(args.output)
+    if (output / "final").exists():
+        parser.error(f"{output / 'final'} already exists; choose another --output (nothing was overwritten)")
+    if args.resume_from and not Path(args.resume_from).is_dir():
+        parser.error(f"--resume-from {args.resume_from}: no such checkpoint directory")
+
     mixed = args.mixed_precision
     if mixed == "auto":
         mixed = "bf16" if not args.cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    accelerator = Accelerator(cpu=args.cpu, mixed_precision=mixed, gradient_accumulation_steps=args.grad_accum)
+    plugin = fsdp_plugin(args)
+    accelerator = Accelerator(
+        cpu=args.cpu, mixed_precision=mixed, gradient_accumulation_steps=args.grad_accum, fsdp_plugin=plugin,
+        # The shuffled order is a function of (seed, epoch), saved with the state: a resumed run replays it.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # The warm-up counts optimizer steps. Left to Accelerate, the schedule would advance once per process per
+        # step (as if written for one process's batches), and N processes would warm up N times faster.
+        step_scheduler_with_optimizer=False,
+    )
+    select_fsdp_on_cpu(accelerator, plugin)
+    if args.fsdp and accelerator.distributed_type != DistributedType.FSDP:
+        parser.error("--fsdp needs a multi-process launch: torchrun --nproc_per_node N ... or accelerate launch ...")
+    torch.set_num_threads(cpu_threads(args))
     set_seed(args.seed)  # the same initial weights in every process
-    output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
 
     model = build_model(args)
-    examples_needed = args.steps * args.batch_size * args.grad_accum * accelerator.num_processes
-    data = Synthetic(args.task, size=examples_needed, seed=args.seed)
-    # shuffle=False keeps the order reproducible across a resume; Accelerate still shards it across processes.
-    loader = DataLoader(data, batch_size=args.batch_size, shuffle=False, collate_fn=collate(args.task))
+    global_batch = args.batch_size * accelerator.num_processes
+    data = Synthetic(args.task, size=args.steps * args.grad_accum * global_batch, seed=args.seed)
+    held_out = Synthetic(args.task, size=256, seed=args.seed + 1)
+    # The loader's own generator: creating an iterator draws a seed from it, and a draw from the global generator
+    # would shift every dropout mask after a resume.
+    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, collate_fn=collate(args.task),
+                        generator=torch.Generator().manual_seed(args.seed))
+    if accelerator.distributed_type == DistributedType.FSDP:
+        model.to(accelerator.device)
+        shard_tied_modules_together(model, accelerator.state.fsdp_plugin)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
-    step = 0
     if args.resume_from:
-        accelerator.load_state(args.resume_from)  # weights, optimizer, scheduler, RNG states
-        step = int(Path(args.resume_from).name.rsplit("-", 1)[-1])
+        accelerator.load_state(args.resume_from)  # weights, optimizer, scheduler, sampler, RNG states
+        progress_so_far = json.loads((Path(args.resume_from) / "progress.json").read_text())
+        step, losses, untrained = progress_so_far["step"], progress_so_far["losses"], progress_so_far["untrained"]
         accelerator.print(f"resumed from {args.resume_from} at step {step}")
+    else:
+        step, losses, untrained = 0, [], evaluate(model, args.task, held_out, accelerator.device)
     micro_batches = accelerator.skip_first_batches(loader, step * args.grad_accum)
 
     model.train()
     progress = tqdm(total=args.steps, initial=step, desc=f"{args.task} ({accelerator.distributed_type}, "
                     f"{accelerator.num_processes} process{'es' if accelerator.num_processes > 1 else ''})",
                     disable=not accelerator.is_local_main_process)
+    step_loss = 0.0
     for batch in micro_batches:
         with accelerator.accumulate(model):
-            loss = model(**batch).loss
+            loss = scaled_loss(accelerator, model(**batch).loss, batch["labels"])
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
+            optimizer.step()  # a no-op between accumulated micro-batches
+            if accelerator.sync_gradients:
+                scheduler.step()
             optimizer.zero_grad()
+        step_loss += accelerator.reduce(loss.detach(), reduction="mean").item() / args.grad_accum
         if not accelerator.sync_gradients:
             continue
         step += 1
+        losses.append(step_loss)
         progress.update(1)
-        progress.set_postfix(loss=f"{accelerator.gather(loss.detach()).mean().item():.4f}")
+        progress.set_postfix(loss=f"{step_loss:.4f}")
+        step_loss = 0.0
         if args.checkpoint_every and step % args.checkpoint_every == 0:
-            accelerator.save_state(output / f"checkpoint-{step}")
+            checkpoint = output / f"checkpoint-{step}"
+            accelerator.save_state(checkpoint)
+            if accelerator.is_main_process:  # the config makes a merged FSDP checkpoint loadable on its own
+                accelerator.unwrap_model(model).config.save_pretrained(checkpoint)
+                progress_so_far = {"step": step, "losses": losses, "untrained": untrained}
+                (checkpoint / "progress.json").write_text(json.dumps(progress_so_far))
         if step >= args.steps:
             break
     progress.close()
 
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
     if args.save_rank_weights:
         from safetensors.torch import save_file
 
-        weights = {k: v.detach().float().clone() for k, v in unwrapped.state_dict().items()}  # tied: own copies
-        save_file(weights, output / f"rank{accelerator.process_index}.safetensors")
-    unwrapped.save_pretrained(output / "final", is_main_process=accelerator.is_main_process,
-                              save_function=accelerator.save)
+        save_file(full_weights(accelerator.unwrap_model(model)), output / f"rank{accelerator.process_index}.safetensors")
+    state_dict = accelerator.get_state_dict(model)  # FSDP: gathered in full on the main process only
+    trained = evaluate(model, args.task, held_out, accelerator.device)
     if accelerator.is_main_process:
-        accelerator.print(f"final loss {loss.item():.4f} after {step} steps; model saved to {output / 'final'}")
+        # A fresh instance of the model's own class: under FSDP2 the prepared model's class is a generated subclass
+        # (FSDPVanilla...), which save_pretrained would name in config.json's auto_map, next to copies of torch's
+        # FSDP source files.
+        config = accelerator.unwrap_model(model).config
+        state_dict = {k: v.cpu() for k, v in state_dict.items()}
+        final = MODEL_CLASSES[args.task].from_pretrained(None, config=config, state_dict=state_dict)
+        final.save_pretrained(output / "final")
+        (output / "losses.json").write_text(json.dumps(losses))
+        accelerator.print(f"final training loss {losses[-1]:.4f} after {step} steps; model saved to {output / 'final'}")
+        accelerator.print(f"held-out ({len(held_out)} examples): {describe(trained, untrained, args.task)}")
     accelerator.end_training()
-    return math.nan if loss is None else loss.item()
+    return losses[-1]
 
 
 if __name__ == "__main__":

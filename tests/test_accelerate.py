@@ -1,8 +1,11 @@
 """Accelerate: big-model placement with CPU + disk offload, layer-boundary device maps, and real two-process
 (gloo) data-parallel training with save/resume. All on CPU; the GPU checks live in test_gpu.py."""
 
+import argparse
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +15,7 @@ import torch
 from accelerate import infer_auto_device_map, init_empty_weights, load_checkpoint_and_dispatch
 from numerics import assert_close
 from safetensors.torch import load_file
+from test_examples import load_example
 from transformers import AutoModelForSequenceClassification
 
 from hf_vanilla import (
@@ -139,19 +143,33 @@ def test_load_checkpoint_and_dispatch_with_offload(saved, tmp_path):
     assert_close(actual, expected)
 
 
-def run_training(*args, processes=1):
+def free_port() -> int:
+    """A port no other process holds now: the machine may run other test sessions that launch processes too."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(script, *args, processes=1, env=None):
+    """examples/`script` in `processes` processes of one thread each (torchrun: real MULTI_CPU over gloo)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                "--master_port", str(29500 + os.getpid() % 1000)] if processes > 1 else [sys.executable]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([*launcher, str(ROOT / "examples" / "train_accelerate.py"), "--cpu", *args],
-                            capture_output=True, text=True, env=env, timeout=600)
+                "--master_port", str(free_port())] if processes > 1 else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([*launcher, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def run_training(*args, processes=1):
+    """examples/train_accelerate.py on CPU; fails the test unless it succeeds."""
+    result = launch("train_accelerate.py", "--cpu", *args, processes=processes)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
 def test_two_process_training_keeps_ranks_identical_and_saves_a_loadable_model(tmp_path):
-    run_training("--task", "classification", "--output", str(tmp_path), "--steps", "4", "--batch-size", "4",
-                 "--save-rank-weights", processes=2)
+    result = run_training("--task", "classification", "--output", str(tmp_path), "--steps", "4", "--batch-size", "4",
+                          "--save-rank-weights", processes=2)
+    assert re.search(r"held-out \(256 examples\): loss \d\.\d+ \(untrained \d\.\d+; .*accuracy", result.stdout)
     rank0 = load_file(tmp_path / "rank0.safetensors")
     rank1 = load_file(tmp_path / "rank1.safetensors")
     assert rank0.keys() == rank1.keys()
@@ -163,12 +181,28 @@ def test_two_process_training_keeps_ranks_identical_and_saves_a_loadable_model(t
         assert torch.equal(tensor, rank0[key]), f"saved model differs from rank 0 on {key}"
 
 
-def test_resume_from_saved_state_is_exact(tmp_path):
-    common = ["--task", "seq2seq", "--steps", "6", "--batch-size", "4", "--dropout", "0", "--save-rank-weights"]
+@pytest.mark.parametrize("task", ["classification", "seq2seq"])
+def test_resume_from_saved_state_is_exact_with_dropout_on(task, tmp_path):
+    """Dropout (0.1 on embeddings, sub-layers, attention weights and the classifier) draws new masks every step and
+    the sampler shuffles: a resumed run replays both only if every random state comes back with the weights."""
+    common = ["--task", task, "--steps", "6", "--batch-size", "4", "--dropout", "0.1", "--save-rank-weights"]
     run_training(*common, "--output", str(tmp_path / "straight"), "--checkpoint-every", "3")
-    run_training(*common, "--output", str(tmp_path / "resumed"),
-                 "--resume-from", str(tmp_path / "straight" / "checkpoint-3"))
+    result = run_training(*common, "--output", str(tmp_path / "resumed"),
+                          "--resume-from", str(tmp_path / "straight" / "checkpoint-3"))
+    assert "resumed from" in result.stdout and "at step 3" in result.stdout
     straight = load_file(tmp_path / "straight" / "rank0.safetensors")
     resumed = load_file(tmp_path / "resumed" / "rank0.safetensors")
+    assert straight.keys() == resumed.keys()
     for key in straight:
-        torch.testing.assert_close(resumed[key], straight[key], atol=0, rtol=0, msg=key)
+        assert torch.equal(resumed[key], straight[key]), key  # bit for bit: the same ops on the same inputs
+    losses = [json.loads((tmp_path / run / "losses.json").read_text()) for run in ("straight", "resumed")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
+def test_every_dropout_follows_the_flag():
+    build_model = load_example("train_accelerate.py").build_model
+    for task in ("classification", "seq2seq"):
+        model = build_model(argparse.Namespace(task=task, model=None, width=32, dropout=0.25))
+        rates = {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
+        rates |= {module.dropout for module in model.modules() if type(module).__name__ == "VanillaAttention"}
+        assert rates == {0.25}, (task, rates)

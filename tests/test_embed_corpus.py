@@ -1,0 +1,94 @@
+"""examples/embed_corpus.py: the converted all-MiniLM-L6-v2 embeds a corpus like sentence-transformers does with
+the original; two processes (torchrun, gloo) give the one-process embeddings; a run killed in mid-write resumes
+without losing, repeating or rewriting a sentence; and a folder made with other settings is refused, untouched."""
+
+import json
+import random
+
+import pytest
+import torch
+from hf_references import converted
+from numerics import assert_close
+from safetensors.torch import load_file
+from test_accelerate import launch
+from test_examples import load_example
+
+pytest.importorskip("sentence_transformers")
+from sentence_transformers import SentenceTransformer  # noqa: E402
+
+WORDS = ("the river town council voted on a new bridge after floods closed the old road for weeks while farmers "
+         "waited and children walked two hours to school each morning through fields of wheat").split()
+
+
+def sentence(rng):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40))).capitalize() + "."
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, minilm_path):
+    """(converted MiniLM folder, corpus file, its line numbers with text, sentence-transformers' embeddings)."""
+    rng = random.Random(0)
+    lines = [sentence(rng) for _ in range(90)]
+    for position in (0, 17, 60):
+        lines.insert(position, "  ")  # blank lines are skipped, and the index says so
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kept = [i for i, line in enumerate(lines) if line.strip()]
+    expected = SentenceTransformer(str(minilm_path), device="cpu").encode([lines[i] for i in kept],
+                                                                          convert_to_tensor=True)
+    return converted(tmp_path_factory, minilm_path, "minilm")[1], path, torch.tensor(kept), expected
+
+
+def embed(model, path, output, *extra, processes=1, env=None, check=True):
+    args = ["--model", str(model), "--input", str(path), "--output", str(output), "--shard-size", "8",
+            "--batch-size", "4", "--threads", "1", *extra]
+    result = launch("embed_corpus.py", *args, processes=processes, env=env)
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def one_process(corpus, tmp_path_factory):
+    model, path, _, _ = corpus
+    output = tmp_path_factory.mktemp("one") / "embeddings"
+    embed(model, path, output)
+    return load_example("embed_corpus.py").load_embeddings(output)
+
+
+def test_one_process_embeds_like_sentence_transformers(corpus, one_process):
+    _, _, kept, expected = corpus
+    lines, embeddings = one_process
+    assert torch.equal(lines, kept)
+    assert_close(embeddings, expected)  # mean pooling over real tokens, then unit length, as the original
+
+
+def test_two_processes_resume_after_a_kill_and_equal_one_process(corpus, one_process, tmp_path):
+    model, path, kept, _ = corpus
+    output = tmp_path / "embeddings"
+    # Each process SIGKILLs itself halfway through writing its third shard, as a crash would (torchrun may end the
+    # other process first when one dies).
+    killed = embed(model, path, output, processes=2, env={"EMBED_CORPUS_KILL_AFTER_SHARDS": "2"}, check=False)
+    assert killed.returncode != 0
+    finished = {p.name: p.stat().st_mtime_ns for p in output.glob("shard-*.safetensors")}
+    assert 2 <= len(finished) <= 4, sorted(finished)  # whole shards only: two per process at most
+    assert list(output.glob("*.partial")), "the kill should have left a half-written shard behind"
+    assert not (output / "index.safetensors").exists()
+
+    resumed = embed(model, path, output, processes=2)
+    assert f"{len(finished)} already done, {12 - len(finished)} to embed on 2 process(es)" in resumed.stdout
+    for name, mtime in finished.items():  # finished shards were kept, not recomputed
+        assert (output / name).stat().st_mtime_ns == mtime, name
+    assert not list(output.glob("*.partial"))
+    rows = torch.cat([load_file(p)["lines"] for p in sorted(output.glob("shard-*.safetensors"))])
+    assert torch.equal(rows.sort().values, kept)  # every sentence exactly once: none lost, none repeated
+
+    lines, embeddings = load_example("embed_corpus.py").load_embeddings(output)
+    assert torch.equal(lines, one_process[0])
+    assert_close(embeddings, one_process[1])
+
+    before = {p.name: p.stat().st_mtime_ns for p in output.iterdir()}
+    other_settings = {**json.loads((output / "manifest.json").read_text()), "max_length": 32}
+    with pytest.raises(SystemExit, match="max_length"):
+        load_example("embed_corpus.py").check_manifest(output, other_settings)
+    assert {p.name: p.stat().st_mtime_ns for p in output.iterdir()} == before
