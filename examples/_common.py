@@ -2,10 +2,10 @@
 
 Threads. The examples run small models (a 64-wide random BERT, the 6-layer 384-wide all-MiniLM-L6-v2, a 128-wide
 seq2seq) on small batches. Their matrix products are too small for a second thread to pay off, and when the
-machine is busy torch's threads wait on one another for whole scheduler time slices: on a 2-core machine running
-other work, finetune_classification.py took 10.5 s idle and 147 s under load with torch's default of two threads.
-So each example defaults to one thread; `--threads 0` keeps torch's default (one per core), which pays off for
-bert-base-sized models on an idle machine.
+machine is busy torch's threads wait on one another for whole scheduler time slices: on a 2-core AMD EPYC shared
+with other jobs, finetune_classification.py took 59 s on one thread and 656 s on torch's default of two
+(docs/hf_integration.md has the measurement). So each example defaults to one thread; `--threads 0` keeps torch's
+default (one per core), which can pay off for larger models on an idle machine.
 
 Errors. `run(main)` turns an exception into one line on stderr, `error: <what went wrong and how to fix it>`, and
 exit status 2, as `python -m conversion` does; `--debug` shows the full traceback instead. A missing optional
