@@ -1,14 +1,14 @@
 """Fill in [MASK] with transformers' fill-mask pipeline running on a converted checkpoint.
 
     python examples/fill_mask.py                                  # a RANDOM, untrained masked-LM (see below)
-    python examples/fill_mask.py --source bert-base-uncased       # a real masked-LM (Hub id or local BERT folder)
-    python examples/fill_mask.py --source converted/bert-mlm --text "Paris is the [MASK] of France." --top-k 3
+    python examples/fill_mask.py --source bert-base-uncased       # a real masked-LM (a Hub id: needs the Hub)
+    python examples/fill_mask.py --source MLM_DIR --text "Paris is the [MASK] of France." --top-k 3
 
 The bundled all-MiniLM-L6-v2 is a sentence encoder without a masked-LM head, so without --source this builds a small
 randomly initialised BertForMaskedLM with the bert-base-uncased vocabulary, converts it, and runs the pipeline on
 it: the predictions are noise, but they are the same noise as transformers' BERT gives, which the script checks.
-With --source (a BERT masked-LM checkpoint, or a folder already converted with `python -m conversion bert`), the
-predictions are real.
+With --source (a BERT masked-LM checkpoint, or a folder already converted with
+`python -m conversion bert --head masked-lm`), the predictions are real.
 
 `pipeline("fill-mask", model=FOLDER)` finds our model through `import hf_vanilla` (which registers it with the
 Auto classes); without hf_vanilla installed, add `trust_remote_code=True` to run the code files saved in FOLDER.

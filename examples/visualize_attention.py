@@ -2,7 +2,7 @@
 
     python examples/visualize_attention.py                                  # all-MiniLM-L6-v2: 6 layers x 12 heads
     python examples/visualize_attention.py --text "The cat sat on the mat." --output cat.png
-    python examples/visualize_attention.py --source converted/bert --layers 0 11 --heads 0 1 2 3
+    python examples/visualize_attention.py --source converted/minilm --layers 0 5 --heads 0 1 2 3
 
 Cell (layer l, head h) shows the attention weights softmax(Q K^T / sqrt(D)) of that head: row i is the
 distribution over which tokens token i reads from (each row sums to 1), so a bright column is a token that many
