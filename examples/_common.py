@@ -3,8 +3,8 @@
 Threads. The examples run small models (a 64-wide random BERT, the 6-layer 384-wide all-MiniLM-L6-v2, a 128-wide
 seq2seq) on small batches. Their matrix products are too small for a second thread to pay off, and when the
 machine is busy torch's threads wait on one another for whole scheduler time slices: on a 2-core AMD EPYC shared
-with other jobs, finetune_classification.py took 59 s on one thread and 656 s on torch's default of two
-(docs/hf_integration.md has the measurement). So each example defaults to one thread; `--threads 0` keeps torch's
+with other jobs, finetune_classification.py took 23-59 s on one thread and 269-656 s on torch's default of two,
+and eight times the CPU time (docs/hf_integration.md has the measurements). So each example defaults to one thread; `--threads 0` keeps torch's
 default (one per core), which can pay off for larger models on an idle machine.
 
 Errors. `run(main)` turns an exception into one line on stderr, `error: <what went wrong and how to fix it>`, and
