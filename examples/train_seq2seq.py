@@ -9,23 +9,27 @@ The task is generated here, so nothing is downloaded: a source "3 1 4 1 5 [EOS]"
 Reversal needs attention: output position t must find source position L - 1 - t, which the model can only learn
 through its position encodings.
 
-    python examples/train_seq2seq.py    # 2+2 layers, width 128, 1500 steps: ~2.5 CPU-minutes, accuracy 0.994
+    python examples/train_seq2seq.py    # 2+2 layers, width 128, 1500 steps: ~3 CPU-minutes, accuracy 0.98-0.99
     python examples/train_seq2seq.py --steps 300 --hidden-size 64 --ffn-size 128 --max-len 5 --batch-size 32 \
-        --warmup 100 --lr-factor 0.5 --eval-size 200    # a smoke run: ~20 s, accuracy 0.985
+        --warmup 100 --lr-factor 0.5 --eval-size 200    # a smoke run: ~12 CPU-seconds, accuracy 0.985
 
 The held-out strings never occur in training. The last line printed is
 `exact-match accuracy: <fraction of held-out strings reversed exactly>`.
 """
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.nn import CrossEntropyLoss
 from tqdm.auto import tqdm
 
-from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
-from hf_vanilla.modeling_vanilla import shift_tokens_right
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # finds _common.py also when a test loads this file by path
+import _common  # noqa: E402
+
+from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration  # noqa: E402
+from hf_vanilla.modeling_vanilla import shift_tokens_right  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # BOS doubles as the decoder's start token
 DIGIT_OFFSET = 3  # digit d is token d + 3
@@ -33,7 +37,7 @@ VOCAB_SIZE = DIGIT_OFFSET + 10
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _common.parser(__doc__)
     parser.add_argument("--steps", type=int, default=1500, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=400, help="warm-up steps of the learning-rate schedule")
@@ -48,11 +52,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-len", type=int, default=12, help="longest digit string")
     parser.add_argument("--eval-size", type=int, default=500, help="held-out strings for the final test")
     parser.add_argument("--seed", type=int, default=0)
-    # The matrices are small, so a second thread gains little, and threads that outnumber free cores thrash
-    # (a step was 30x slower with 2 threads on a loaded 2-core machine).
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads; 0 keeps torch's default")
     parser.add_argument("--output-dir", default=None, help="save the trained model here (save_pretrained)")
-    return parser.parse_args(argv)
+    return _common.parse(parser, argv)
 
 
 def make_batch(digits: list[torch.Tensor]):
@@ -123,8 +124,6 @@ def exact_match(model, strings: list[torch.Tensor], batch_size: int = 250) -> fl
 def main(argv=None) -> float:
     """Train, evaluate, print `exact-match accuracy: ...` and return that accuracy."""
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     held_out = random_strings(args.eval_size, args, generator)
@@ -166,4 +165,4 @@ def main(argv=None) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

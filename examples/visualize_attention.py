@@ -2,7 +2,7 @@
 
     python examples/visualize_attention.py                                  # all-MiniLM-L6-v2: 6 layers x 12 heads
     python examples/visualize_attention.py --text "The cat sat on the mat." --output cat.png
-    python examples/visualize_attention.py --source converted/bert --layers 0 11 --heads 0 1 2 3
+    python examples/visualize_attention.py --source converted/minilm --layers 0 5 --heads 0 1 2 3
 
 Cell (layer l, head h) shows the attention weights softmax(Q K^T / sqrt(D)) of that head: row i is the
 distribution over which tokens token i reads from (each row sums to 1), so a bright column is a token that many
@@ -13,19 +13,15 @@ softmax(Q K^T) V without ever writing the T x T matrix out. So a call with `outp
 function for that call, whatever backend the model was loaded with, and the model keeps its fast backend otherwise.
 """
 
-import argparse
 import tempfile
 from pathlib import Path
 
-import matplotlib
+import torch
+from transformers import AutoModel, AutoTokenizer
 
-matplotlib.use("Agg")  # no display needed: the figure goes straight to a file
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModel, AutoTokenizer  # noqa: E402
-
-from conversion.bert import vanilla_checkpoint  # noqa: E402
-import hf_vanilla  # noqa: E402, F401  (registers the vanilla models with the Auto classes)
+import _common
+from conversion.bert import vanilla_checkpoint
+import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXT = "The animal didn't cross the street because it was too tired."
 
@@ -38,6 +34,11 @@ def attention_weights(model, batch) -> torch.Tensor:
 
 def plot(weights: torch.Tensor, tokens: list[str], layers: list[int], heads: list[int], output: Path) -> None:
     """weights: (L, H, T, T) for one sentence. One heatmap per (layer, head), token labels on the outer axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed: the figure goes straight to a file
+    import matplotlib.pyplot as plt
+
     size = max(1.6, 0.22 * len(tokens))
     figure, axes = plt.subplots(len(layers), len(heads), figsize=(size * len(heads), size * len(layers)),
                                 squeeze=False)
@@ -60,14 +61,15 @@ def plot(weights: torch.Tensor, tokens: list[str], layers: list[int], heads: lis
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _common.parser(__doc__)
     parser.add_argument("--source", help="BERT checkpoint (Hub id or folder) or a converted folder; "
                                          "default: the bundled all-MiniLM-L6-v2")
     parser.add_argument("--text", default=TEXT)
     parser.add_argument("--output", type=Path, default=Path("attention.png"))
     parser.add_argument("--layers", type=int, nargs="+", help="layers to draw (default: all)")
     parser.add_argument("--heads", type=int, nargs="+", help="heads to draw (default: all)")
-    args = parser.parse_args(argv)
+    args = _common.parse(parser, argv)
+    _common.require("matplotlib")  # before the conversion, not after it
 
     with tempfile.TemporaryDirectory() as scratch:
         folder = vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
@@ -80,6 +82,10 @@ def main(argv=None) -> None:
     tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
     layers = args.layers if args.layers is not None else list(range(weights.shape[0]))
     heads = args.heads if args.heads is not None else list(range(weights.shape[1]))
+    for name, chosen, count in (("--layers", layers, weights.shape[0]), ("--heads", heads, weights.shape[1])):
+        if not all(0 <= i < count for i in chosen):
+            raise _common.ExampleError(f"{name} {' '.join(map(str, chosen))}: this model has {count}, "
+                                       f"numbered 0 to {count - 1}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     plot(weights, tokens, layers, heads, args.output)
     print(f"\n{len(tokens)} tokens: {' '.join(tokens)}")
@@ -88,4 +94,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)
