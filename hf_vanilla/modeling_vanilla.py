@@ -515,7 +515,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _no_split_modules = ["VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"]
+    _no_split_modules = ["VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"]  # narrowed in post_init
     _skip_keys_device_placement = ["past_key_values"]
     # One graph per shape: checks of values and the padding-free path step aside while tracing, and a static cache's
     # length is read from the cache, so `generate` may compile the forward (tests/test_heads.py compiles a step).
@@ -524,6 +524,13 @@ class VanillaPreTrainedModel(PreTrainedModel):
     # forward, assumes the loss is already normalised for gradient accumulation and skips dividing by the number of
     # accumulated steps: every update (and logged loss) would be that many times too large.
     accepts_loss_kwargs = False
+
+    def post_init(self):
+        # The units device maps and FSDP must not cut are the blocks this model holds: Accelerate's FSDP auto-wrap
+        # refuses a listed class the model lacks (an encoder has no decoder layer; BERT's causal LM no encoder one).
+        self._no_split_modules = sorted({type(m).__name__ for m in self.modules()
+                                         if isinstance(m, (VanillaEmbeddings, GradientCheckpointingLayer))})
+        super().post_init()
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -19,6 +19,7 @@ from hf_vanilla import (
     VanillaDecoderForCausalLM,
     VanillaEncoderConfig,
     VanillaEncoderForCausalLM,
+    VanillaEncoderForSequenceClassification,
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
     VanillaSeq2SeqForQuestionAnswering,
@@ -173,3 +174,26 @@ def test_a_static_cache_decoding_step_compiles_with_fullgraph():
         compiled = torch.compile(model.forward, fullgraph=True, dynamic=False)
         got = compiled(input_ids=step, past_key_values=cache, use_cache=True).logits
     assert_close(got, expected)
+
+
+def test_no_split_modules_name_the_blocks_each_model_holds():
+    """Accelerate's FSDP auto-wrap (and device maps) read `_no_split_modules`, and the auto-wrap refuses a listed
+    class the model lacks: an encoder has no decoder layer, BERT's causal LM (masked layers) no encoder layer."""
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    models = {
+        "encoder": VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**SIZES)),
+        **causal_models(),
+        "encoder-decoder": build(VanillaSeq2SeqForConditionalGeneration, seq2seq_config()),
+    }
+    expected = {
+        "encoder": {"VanillaEmbeddings", "VanillaEncoderLayer"},
+        "bert-causal-lm": {"VanillaEmbeddings", "VanillaDecoderLayer"},
+        "decoder-only": {"VanillaEmbeddings", "VanillaDecoderLayer"},
+        "encoder-decoder": {"VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"},
+    }
+    for name, model in models.items():
+        assert set(model._no_split_modules) == expected[name], name
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+        assert callable(fsdp2_prepare_auto_wrap_policy(plugin, model)), name
