@@ -309,6 +309,11 @@ def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: 
         problems.append(f"source tensors with no mapping: {unknown}")
     if missing:
         problems.append(f"target tensors the source does not fill: {missing}")
+        stacks = ("encoder.", "decoder.", "model.encoder.", "model.decoder.")
+        if not any(key.startswith(stacks) for key in missing):  # only the head's own weights (its pooler too)
+            problems.append(f"the source has no trained {model_class.__name__} head: convert the encoder alone "
+                            f"(--head base) and fine-tune it (examples/finetune_classification.py), or start from "
+                            f"a checkpoint fine-tuned for this task")
     if unexpected:
         problems.append(f"mapped tensors the target does not have: {unexpected}")
     if wrong_shape:

@@ -370,3 +370,12 @@ def test_cli_exit_status_and_stderr(tmp_path, source):
     assert "error: " in result.stderr and "holds a 'gpt2' model" in result.stderr
     assert "Traceback" not in result.stderr and "Wrote" not in result.stdout
     assert not (tmp_path / "out").exists() and leftovers(tmp_path / "out") == []
+
+
+def test_a_head_the_source_never_trained_names_the_way_out(source, tmp_path, capsys):
+    """Asking for a task head the checkpoint does not have: the error says how to get one, and nothing is written."""
+    assert main(["bert", "--source", str(source), "--output", str(tmp_path / "out"),
+                 "--head", "sequence-classification"]) == 2
+    err = capsys.readouterr().err
+    assert "classifier.weight" in err and "--head base" in err and "fine-tune" in err
+    assert not (tmp_path / "out").exists()
