@@ -23,18 +23,7 @@ import torch
 import transformers_tests
 
 import hf_vanilla
-from hf_vanilla import (
-    VanillaEncoderConfig,
-    VanillaEncoderForMaskedLM,
-    VanillaEncoderForQuestionAnswering,
-    VanillaEncoderForReplacedTokenDetection,
-    VanillaEncoderForSequenceClassification,
-    VanillaEncoderForTokenClassification,
-    VanillaEncoderModel,
-    VanillaSeq2SeqConfig,
-    VanillaSeq2SeqForConditionalGeneration,
-    VanillaSeq2SeqModel,
-)
+from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForReplacedTokenDetection, VanillaSeq2SeqConfig
 
 try:
     modeling_common, configuration_common, FROM_SOURCE = transformers_tests.load()
@@ -159,14 +148,7 @@ class _OneOutcomePerTest:
 
 
 class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.TestCase):
-    all_model_classes = (
-        VanillaEncoderModel,
-        VanillaEncoderForMaskedLM,
-        VanillaEncoderForSequenceClassification,
-        VanillaEncoderForTokenClassification,
-        VanillaEncoderForQuestionAnswering,
-        VanillaEncoderForReplacedTokenDetection,
-    )
+    all_model_classes = tuple(hf_vanilla.AUTO_CLASSES[VanillaEncoderConfig].values())  # every class we ship
 
     def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
         """The replaced-token detector (ELECTRA's discriminator, loaded by AutoModelForPreTraining) takes a 0/1 label
@@ -187,7 +169,7 @@ class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.
 
 
 class VanillaSeq2SeqContractTest(_OneOutcomePerTest, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
-    all_model_classes = (VanillaSeq2SeqModel, VanillaSeq2SeqForConditionalGeneration)
+    all_model_classes = tuple(hf_vanilla.AUTO_CLASSES[VanillaSeq2SeqConfig].values())
     is_encoder_decoder = True
 
     def setUp(self):
