@@ -149,6 +149,8 @@ class _OneOutcomePerTest:
 
 class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.TestCase):
     all_model_classes = tuple(hf_vanilla.AUTO_CLASSES[VanillaEncoderConfig].values())  # every class we ship
+    # transformers runs this check only on models whose config file names a year from 2023 on; ours names none.
+    test_can_init_all_missing_weights_before_2023 = True
 
     def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
         """The replaced-token detector (ELECTRA's discriminator, loaded by AutoModelForPreTraining) takes a 0/1 label
@@ -170,6 +172,7 @@ class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.
 
 class VanillaSeq2SeqContractTest(_OneOutcomePerTest, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
     all_model_classes = tuple(hf_vanilla.AUTO_CLASSES[VanillaSeq2SeqConfig].values())
+    test_can_init_all_missing_weights_before_2023 = True
     is_encoder_decoder = True
 
     def setUp(self):
