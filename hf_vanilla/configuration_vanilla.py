@@ -11,8 +11,9 @@ of BART and Marian configs (`encoder_layers`, `encoder_ffn_dim`, `dropout`, `act
 written with those names needs no translation. An alias *is* its field: at construction, in `from_dict` /
 `from_pretrained`, and when assigned later (`config.d_model = 32` sets `hidden_size`).
 
-Derived sizes (`embedding_size`, the decoder's `decoder_*`) are stored as `None` when they follow another field and
-read as that field's current value, so they follow an alias or a later assignment too; set one to fix it.
+Derived fields (`embedding_size`, the decoder's `decoder_*` sizes, `share_encoder_decoder_embeddings`) are stored as
+`None` when they follow another field and read as that field's current value, so they follow an alias or a later
+assignment too; set one to fix it.
 
 Checks happen in two places, as in transformers. Each field on its own (a positive size, a known activation, a
 dropout in [0, 1)) is checked when the config is built. Agreement between fields (heads dividing the width, ...) is
@@ -79,8 +80,10 @@ class _VanillaConfig(PretrainedConfig):
         "init_std": "initializer_range",
         "scale_embedding": "scale_embeddings",
     }
-    # Derived sizes: `None` stored means "read the field named here" (see `__getattribute__`).
+    # Derived fields: `None` stored means "read the field named here" (see `__getattribute__`).
     _follows: ClassVar[dict[str, str]] = {"embedding_size": "hidden_size"}
+    _sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                         "intermediate_size", "max_position_embeddings", "embedding_size")
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -133,8 +136,7 @@ class _VanillaConfig(PretrainedConfig):
 
     def _check_fields(self):
         """Refuse, with a plain `ValueError`, a value no model could use whatever the other fields say."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", *self._follows):
+        for name in self._sizes:
             _check_positive(name, getattr(self, name))
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size must be >= 0 (0 means no token types), got {self.type_vocab_size}.")
@@ -221,7 +223,8 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
         decoder_layers, decoder_attention_heads, decoder_intermediate_size: decoder sizes (BART's
             `decoder_ffn_dim` is an alias of the last).
         share_encoder_decoder_embeddings: one token embedding matrix for source and target (section 3.4); a
-            warm-started bert2bert keeps two. Needs `tie_word_embeddings`, which transformers' tying follows.
+            warm-started bert2bert keeps two. Needs `tie_word_embeddings`, which transformers' tying follows;
+            `None` (the default) follows it, so `tie_word_embeddings=False` alone unties everything.
         lm_head_transform: apply BERT's dense + activation + LayerNorm before the output projection (bert2bert).
         bos_token_id, eos_token_id, decoder_start_token_id: special ids used by `generate`.
         use_cache: keep decoder keys and values between generation steps.
@@ -236,7 +239,11 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
         "decoder_layers": "num_hidden_layers",
         "decoder_attention_heads": "num_attention_heads",
         "decoder_intermediate_size": "intermediate_size",
+        "share_encoder_decoder_embeddings": "tie_word_embeddings",
     }
+    _sizes: ClassVar[tuple[str, ...]] = (
+        *_VanillaConfig._sizes, "decoder_layers", "decoder_attention_heads", "decoder_intermediate_size",
+    )
 
     vocab_size: int = 32000
     hidden_size: int = 512
@@ -257,7 +264,7 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
     decoder_layers: int | None = None
     decoder_attention_heads: int | None = None
     decoder_intermediate_size: int | None = None
-    share_encoder_decoder_embeddings: bool = True
+    share_encoder_decoder_embeddings: bool | None = None
     lm_head_transform: bool = False
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2

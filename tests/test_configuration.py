@@ -132,6 +132,20 @@ def test_decoder_sizes_reach_the_cache_as_numbers():
     assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[0] == 1
 
 
+def test_untying_the_output_projection_alone_gives_separate_matrices():
+    """transformers' common tests (and users) untie with `tie_word_embeddings=False` only: the source/target sharing
+    follows it unless set, so that is a consistent config, and every matrix is its own."""
+    config = VanillaSeq2SeqConfig(**TINY, hidden_size=16, num_attention_heads=2, tie_word_embeddings=False)
+    assert config.share_encoder_decoder_embeddings is False
+    config.check_architecture()
+    model = VanillaSeq2SeqForConditionalGeneration(config)
+    weights = [model.model.encoder.embeddings.word_embeddings.weight,
+               model.model.decoder.embeddings.word_embeddings.weight, model.lm_head.decoder.weight]
+    assert len({w.data_ptr() for w in weights}) == 3
+    config.tie_word_embeddings = True
+    assert config.share_encoder_decoder_embeddings is True
+
+
 def test_encoder_config_declares_the_special_ids_generic_code_reads():
     config = VanillaEncoderConfig()
     assert config.bos_token_id is None and config.eos_token_id is None
@@ -147,7 +161,7 @@ INCONSISTENT = [
     (VanillaEncoderConfig, {"position_offset": 512}, r"position_offset \(512\) leaves no room"),
     (VanillaSeq2SeqConfig, {"hidden_size": 36, "num_attention_heads": 4, "embedding_size": 35},
      r"embedding width must be even; got 35"),
-    (VanillaSeq2SeqConfig, {"tie_word_embeddings": False},
+    (VanillaSeq2SeqConfig, {"tie_word_embeddings": False, "share_encoder_decoder_embeddings": True},
      r"share_encoder_decoder_embeddings=True needs tie_word_embeddings=True"),
 ]
 
