@@ -118,10 +118,12 @@ class VanillaSeq2SeqModelTester:
         self.pad_token_id, self.eos_token_id, self.num_labels = 1, 2, 3
 
     def get_config(self):
+        # In BART's field names, as a user of BART/Marian configs writes them (they are aliases of ours).
         return VanillaSeq2SeqConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
-            decoder_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            intermediate_size=37, max_position_embeddings=64, pad_token_id=self.pad_token_id, bos_token_id=0,
+            vocab_size=self.vocab_size, d_model=self.hidden_size, encoder_layers=self.num_hidden_layers,
+            decoder_layers=self.num_hidden_layers, encoder_attention_heads=self.num_attention_heads,
+            decoder_attention_heads=self.num_attention_heads, encoder_ffn_dim=37, decoder_ffn_dim=37,
+            max_position_embeddings=64, pad_token_id=self.pad_token_id, bos_token_id=0,
             eos_token_id=self.eos_token_id, decoder_start_token_id=0, num_labels=self.num_labels,
         )
 
