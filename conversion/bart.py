@@ -264,7 +264,11 @@ def convert(source: str, output: str, dtype: str = "float32", force: bool = Fals
 def to_bart(source: str, output: str, force: bool = False, verify_parity: bool = True) -> Path:
     """A vanilla encoder-decoder (or decoder alone) -> the transformers BART class of the same head."""
     source_dir, _ = read_source(source, (VanillaSeq2SeqConfig.model_type,), "to-bart")
-    config = VanillaSeq2SeqConfig.from_pretrained(source_dir)
+    try:
+        config = VanillaSeq2SeqConfig.from_pretrained(source_dir)
+        config.check_architecture()
+    except ValueError as error:
+        raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder-decoder config: {error}") from None
     ours = (config.architectures or ["VanillaSeq2SeqForConditionalGeneration"])[0]
     head = next((name for name, h in HEADS.items() if h.ours.__name__ == ours), None)
     if head is None:

@@ -175,7 +175,9 @@ def vanilla_config(bert_config: dict) -> VanillaEncoderConfig:
                                          "warm-start one from an encoder with `warm-start`.", causal=True)
     fields = {k: bert_config[k] for k in SHARED_FIELDS if k in bert_config}
     try:
-        return VanillaEncoderConfig(**fields)
+        config = VanillaEncoderConfig(**fields)
+        config.check_architecture()
+        return config
     except (ValueError, StrictDataclassError) as error:
         raise ConversionError(f"The source's config.json describes no valid encoder: {error}") from None
 
@@ -365,6 +367,7 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
         )
     try:
         config = VanillaEncoderConfig.from_pretrained(source_dir)
+        config.check_architecture()
     except (ValueError, StrictDataclassError) as error:
         raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
     head = vanilla_head(config, source_dir)

@@ -91,7 +91,7 @@ def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eo
                 f"transformers' enc_to_dec_proj, which it does not have)."
             )
     try:
-        return VanillaSeq2SeqConfig(
+        config = VanillaSeq2SeqConfig(
             **{k: getattr(enc, k) for k in BERT_FIELDS},
             decoder_layers=dec.num_hidden_layers,
             decoder_attention_heads=dec.num_attention_heads,
@@ -107,8 +107,10 @@ def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eo
             bos_token_id=bos_token_id,
             architectures=["VanillaSeq2SeqForConditionalGeneration"],
         )
+        config.check_architecture()
     except ValueError as error:
         raise ConversionError(f"The source's configuration has no vanilla equivalent: {error}") from None
+    return config
 
 
 def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, tie_word_embeddings: bool):
@@ -434,7 +436,9 @@ def fairseq_config(source: dict, title: str, **choices) -> VanillaSeq2SeqConfig:
     if source.get("id2label"):  # the classification head's labels
         fields |= {"id2label": {int(k): v for k, v in source["id2label"].items()}, "label2id": source.get("label2id")}
     try:
-        return VanillaSeq2SeqConfig(**(fields | choices))
+        config = VanillaSeq2SeqConfig(**(fields | choices))
+        config.check_architecture()
+        return config
     except ValueError as error:
         raise ConversionError(f"The {title} configuration has no vanilla equivalent: {error}") from None
 

@@ -525,6 +525,12 @@ class VanillaPreTrainedModel(PreTrainedModel):
     # accumulated steps: every update (and logged loss) would be that many times too large.
     accepts_loss_kwargs = False
 
+    def __init__(self, config, *inputs, **kwargs):
+        # A config may be inconsistent while it is filled in field by field (as BertConfig allows); a model needs a
+        # consistent one, checked here before any weight is allocated.
+        config.check_architecture()
+        super().__init__(config, *inputs, **kwargs)
+
     def post_init(self):
         # The units device maps and FSDP must not cut are the blocks this model holds: Accelerate's FSDP auto-wrap
         # refuses a listed class the model lacks (an encoder has no decoder layer; BERT's causal LM no encoder one).
@@ -548,6 +554,14 @@ class VanillaPreTrainedModel(PreTrainedModel):
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
+
+    def _causal_lm_loss(self, logits, labels, shift_labels=None):
+        """Next-token cross-entropy: position t against labels[t + 1], or against `shift_labels[t]` when the caller
+        shifted them already (as sequence and context parallelism must, each process holding a slice)."""
+        if labels is None and shift_labels is None:
+            return None
+        check_labels(shift_labels, self.config.vocab_size, "vocab_size")
+        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
 
     def _return(self, output: ModelOutput, return_dict):
         """The output as a ModelOutput, or as a tuple where the caller (or the config) asks for one."""
@@ -678,16 +692,17 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
 
 class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
     """BERT's causal language model (transformers' `BertLMHeadModel`): the encoder masked to the past, with the
-    masked-LM head predicting the next token, and `generate()` with a key/value cache. Needs `is_decoder=True`."""
+    masked-LM head predicting the next token, and `generate()` with a key/value cache.
+
+    It is causal whatever the config says (its copy has `is_decoder=True`): BERT's own class runs bidirectionally
+    without the flag, a language model that reads the tokens it predicts."""
 
     _tied_weights_keys = VanillaEncoderForMaskedLM._tied_weights_keys
 
     def __init__(self, config: VanillaEncoderConfig):
         if not config.is_decoder:
-            raise ValueError(
-                "VanillaEncoderForCausalLM predicts the next token, so its self-attention must be masked to the past: "
-                "build it from a config with is_decoder=True (e.g. from_pretrained(path, is_decoder=True))."
-            )
+            config = copy.deepcopy(config)
+            config.is_decoder = True
         super().__init__(config)
         self.lm_head = VanillaLMHead(config, transform=True)
         self.post_init()
@@ -701,10 +716,9 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
                          use_cache=use_cache, output_attentions=output_attentions,
                          output_hidden_states=output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.config.vocab_size)
         return self._return(CausalLMOutputWithCrossAttentions(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states,
-            attentions=out.attentions,
+            loss=self._causal_lm_loss(logits, labels, kwargs.get("shift_labels")), logits=logits,
+            past_key_values=out.past_key_values, hidden_states=out.hidden_states, attentions=out.attentions,
         ), return_dict)
 
 
@@ -1158,8 +1172,11 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
 
 
 def _decoder_only(config):
-    """A copy of an encoder-decoder config for its decoder used alone: `generate` then treats it as a causal
-    language model, not as an encoder-decoder (BART's `BartForCausalLM` does the same)."""
+    """An encoder-decoder config for its decoder used alone (a copy, unless it is one already): `generate` then
+    treats it as a causal language model, not as an encoder-decoder (BART's `BartForCausalLM` does the same). The
+    model and its body share that one config, so that what changes it (resizing the vocabulary) changes both."""
+    if config.is_decoder and not config.is_encoder_decoder:
+        return config
     config = copy.deepcopy(config)
     config.is_decoder, config.is_encoder_decoder = True, False
     return config
@@ -1216,10 +1233,9 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         out = self.model(input_ids, attention_mask, inputs_embeds, past_key_values, use_cache,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.config.vocab_size)
         return self._return(CausalLMOutputWithCrossAttentions(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states,
-            attentions=out.attentions,
+            loss=self._causal_lm_loss(logits, labels, kwargs.get("shift_labels")), logits=logits,
+            past_key_values=out.past_key_values, hidden_states=out.hidden_states, attentions=out.attentions,
         ), return_dict)
 
 

@@ -183,8 +183,6 @@ def test_check_architecture_sees_assignments_made_after_construction():
         config.check_architecture()
 
 
-@pytest.mark.xfail(strict=True, reason="model-side (lead): VanillaPreTrainedModel.__init__ must call "
-                                       "config.check_architecture() before super().__init__")
 @pytest.mark.parametrize(("config_class", "fields", "message"), INCONSISTENT[:2])
 def test_no_model_is_built_from_an_inconsistent_config(config_class, fields, message, monkeypatch):
     model_class = VanillaEncoderModel if config_class is VanillaEncoderConfig else VanillaSeq2SeqForConditionalGeneration

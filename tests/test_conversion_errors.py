@@ -48,20 +48,21 @@ from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
     ],
 )
 def test_invalid_encoder_config(fields, message):
+    # Each field is checked at construction; how fields agree (heads dividing the width), before a model is built.
     with pytest.raises(ValueError, match=message):
-        VanillaEncoderConfig(**fields)
+        VanillaEncoderConfig(**fields).check_architecture()
 
 
 def test_invalid_seq2seq_config():
     with pytest.raises(ValueError, match=r"hidden_size \(512\) must be divisible by decoder_attention_heads \(7\)"):
-        VanillaSeq2SeqConfig(decoder_attention_heads=7)
+        VanillaSeq2SeqConfig(decoder_attention_heads=7).check_architecture()
     with pytest.raises(ValueError, match="decoder_layers must be a positive integer, got 0"):
         VanillaSeq2SeqConfig(decoder_layers=0)
 
 
 def test_valid_config_suggests_head_counts():
     with pytest.raises(ValueError, match=r"Try num_attention_heads in \[1, 2, 3, 5, 6, 10, 15, 30\]"):
-        VanillaEncoderConfig(hidden_size=30, num_attention_heads=4)
+        VanillaEncoderConfig(hidden_size=30, num_attention_heads=4).check_architecture()
 
 
 # ---- conversion errors ------------------------------------------------------------------------------------------

@@ -374,7 +374,7 @@ def test_shared_embeddings_need_a_tied_output_projection():
     separate source and target matrices, so the config refuses the mix and names both ways out."""
     with pytest.raises(ValueError, match=r"share_encoder_decoder_embeddings=True needs tie_word_embeddings=True.*"
                                          r"set share_encoder_decoder_embeddings=False"):
-        VanillaSeq2SeqConfig(tie_word_embeddings=False)
+        VanillaSeq2SeqConfig(tie_word_embeddings=False, share_encoder_decoder_embeddings=True).check_architecture()
     untied = random_model(share_encoder_decoder_embeddings=False, tie_word_embeddings=False)
     weights = [untied.model.encoder.embeddings.word_embeddings.weight,
                untied.model.decoder.embeddings.word_embeddings.weight, untied.lm_head.decoder.weight]

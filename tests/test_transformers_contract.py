@@ -23,7 +23,13 @@ import torch
 import transformers_tests
 
 import hf_vanilla
-from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForReplacedTokenDetection, VanillaSeq2SeqConfig
+from hf_vanilla import (
+    VanillaDecoderForCausalLM,
+    VanillaEncoderConfig,
+    VanillaEncoderForPreTraining,
+    VanillaEncoderForReplacedTokenDetection,
+    VanillaSeq2SeqConfig,
+)
 
 try:
     modeling_common, configuration_common, FROM_SOURCE = transformers_tests.load()
@@ -36,22 +42,10 @@ ConfigTester = configuration_common.ConfigTester
 ids_tensor = modeling_common.ids_tensor
 random_attention_mask = modeling_common.random_attention_mask
 
-ENCODER, SEQ2SEQ = "VanillaEncoderContractTest", "VanillaSeq2SeqContractTest"
-
-OUTPUT_ATTENTIONS = ("lead, issue #17: output_attentions=True under sdpa raises; transformers' models return the "
-                     "attention weights (eager for that call)")
-UNUSED_POOLER = ("lead, issue #17: heads without a pooler: MaskedLM, TokenClassification and QuestionAnswering build "
-                 "BERT's pooler and never use it, so its weights get no gradient")
-
-# (test class, test name) -> the work item whose absence makes it fail. Delete a line when it XPASSes.
-KNOWN_FAILURES = {
-    (ENCODER, "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions"): OUTPUT_ATTENTIONS,
-    (ENCODER, "test_model_outputs_equivalence"): OUTPUT_ATTENTIONS,
-    (SEQ2SEQ, "test_model_outputs_equivalence"): OUTPUT_ATTENTIONS,
-    (ENCODER, "test_training_gradient_checkpointing"): UNUSED_POOLER,
-    (ENCODER, "test_training_gradient_checkpointing_use_reentrant_false"): UNUSED_POOLER,
-    (ENCODER, "test_training_gradient_checkpointing_use_reentrant_true"): UNUSED_POOLER,
-}
+# (test class, test name) -> the work item whose absence makes it fail, as a strict xfail: delete a line when it
+# XPASSes. Empty: the six failures it listed (attention maps under sdpa, heads building a pooler they never read)
+# were fixed with the heads of issue #17.
+KNOWN_FAILURES = {}
 
 # Slow on 2 CPU cores; run with HF_VANILLA_SLOW=1 (and RUN_SLOW=1 for the tests transformers itself marks slow).
 # Of the 26 eager-vs-sdpa variants (dtype x padding side x mask x kernel choice), one fp32 case runs by default.
@@ -149,7 +143,7 @@ class _OneOutcomePerTest:
         return contextlib.nullcontext()
 
 
-class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.TestCase):
+class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
     all_model_classes = tuple(hf_vanilla.AUTO_CLASSES[VanillaEncoderConfig].values())  # every class we ship
     # transformers runs this check only on models whose config file names a year from 2023 on; ours names none.
     test_can_init_all_missing_weights_before_2023 = True
@@ -158,9 +152,13 @@ class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.
         """The replaced-token detector (ELECTRA's discriminator, loaded by AutoModelForPreTraining) takes a 0/1 label
         per token. The common tests make no labels for pretraining classes; ElectraModelTest adds them the same way."""
         inputs_dict = super()._prepare_for_class(inputs_dict, model_class, return_labels)
+        shape = (self.model_tester.batch_size, self.model_tester.seq_length)
         if return_labels and model_class is VanillaEncoderForReplacedTokenDetection:
-            shape = (self.model_tester.batch_size, self.model_tester.seq_length)
             inputs_dict["labels"] = torch.zeros(shape, dtype=torch.long, device=modeling_common.torch_device)
+        if return_labels and model_class is VanillaEncoderForPreTraining:  # BertModelTest adds both the same way
+            inputs_dict["labels"] = torch.zeros(shape, dtype=torch.long, device=modeling_common.torch_device)
+            inputs_dict["next_sentence_label"] = torch.zeros(shape[:1], dtype=torch.long,
+                                                             device=modeling_common.torch_device)
         return inputs_dict
 
     def setUp(self):
@@ -173,7 +171,9 @@ class VanillaEncoderContractTest(_OneOutcomePerTest, ModelTesterMixin, unittest.
 
 
 class VanillaSeq2SeqContractTest(_OneOutcomePerTest, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
-    all_model_classes = tuple(hf_vanilla.AUTO_CLASSES[VanillaSeq2SeqConfig].values())
+    # The decoder alone has its own tester below, as BART's (BartStandaloneDecoderModelTest).
+    all_model_classes = tuple(model for model in hf_vanilla.AUTO_CLASSES[VanillaSeq2SeqConfig].values()
+                              if model is not VanillaDecoderForCausalLM)
     test_can_init_all_missing_weights_before_2023 = True
     is_encoder_decoder = True
 
@@ -183,6 +183,27 @@ class VanillaSeq2SeqContractTest(_OneOutcomePerTest, ModelTesterMixin, Generatio
 
     def test_config(self):
         self.config_tester.run_common_tests()
+
+
+class VanillaDecoderModelTester(VanillaSeq2SeqModelTester):
+    """The encoder-decoder's tiny config as its decoder alone: no encoder, so no source; one causal stream."""
+
+    def get_config(self):
+        config = super().get_config()
+        config.is_decoder, config.is_encoder_decoder = True, False
+        return config
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
+        return self.get_config(), {"input_ids": input_ids, "attention_mask": random_attention_mask(input_ids.shape)}
+
+
+class VanillaDecoderContractTest(_OneOutcomePerTest, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = (VanillaDecoderForCausalLM,)
+    test_can_init_all_missing_weights_before_2023 = True
+
+    def setUp(self):
+        self.model_tester = VanillaDecoderModelTester(self)
 
 
 def _marked(test_class, name, mark):
@@ -197,7 +218,7 @@ def _marked(test_class, name, mark):
 
 
 def _apply_marks():
-    for test_class in (VanillaEncoderContractTest, VanillaSeq2SeqContractTest):
+    for test_class in (VanillaEncoderContractTest, VanillaSeq2SeqContractTest, VanillaDecoderContractTest):
         for (owner, name), item in KNOWN_FAILURES.items():
             if owner == test_class.__name__:
                 _marked(test_class, name, pytest.mark.xfail(strict=True, reason=item))
