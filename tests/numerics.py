@@ -21,7 +21,9 @@ computation ran in:
   model run in half precision with a wrong mask or a lost scale is off by the magnitude itself.
 - float64: 1e-12, for claims of exactness (causality, prefix or padding invariance, cache against no cache) made
   where they are exact up to rounding that float64 makes negligible (u = 1.1e-16): run the model with `.double()`.
-  Such a claim is also checked in float32, at the float32 rule, since float32 is what users run.
+  Such a claim is also checked in float32, at the float32 rule, since float32 is what users run, unless the
+  compared value is a small difference of large intermediates (a beam's log-probability sum, from logits ten times
+  its size): its rounding scales with the intermediates, which the rule does not see, so float64 alone checks it.
 
 Bit-for-bit claims (`torch.equal`) are made only where the kernels guarantee them: the same op on the same shapes
 and the same memory (a conversion round trip, a cache that stores what it was given, a deterministic kernel run

@@ -89,7 +89,9 @@ def bert_base(tmp_path_factory):
     return root / "bert", root / "vanilla"
 
 
-@pytest.fixture(scope="module", params=["eager", "sdpa"])
+# The sdpa models also run under the kernel variants (tests/kernel_variants.py): they are the suite's largest, and
+# one attention backend is enough there.
+@pytest.fixture(scope="module", params=["eager", pytest.param("sdpa", marks=pytest.mark.numerics)])
 def bert_base_models(request, bert_base):
     """(transformers' BertForPreTraining, transformers' BertModel, ours), all loaded with the same attention."""
     attn = request.param
@@ -100,7 +102,6 @@ def bert_base_models(request, bert_base):
     return attn, reference, reference_base, ours
 
 
-@pytest.mark.numerics
 def test_bert_base_every_layer_pooler_and_logits(bert_base_models):
     attn, reference, reference_base, ours = bert_base_models
     assert type(ours).__name__ == "VanillaEncoderForPreTraining" and ours.config._attn_implementation == attn
