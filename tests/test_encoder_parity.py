@@ -326,6 +326,12 @@ def test_head_auto_conversion_matches_reference(bert_class, tmp_path):
     for name in outputs:
         per_token = getattr(ref, name).shape[:2] == real.shape
         assert_matches(getattr(ref, name), getattr(out, name), real if per_token else None, name)
+    if bert_class == "BertLMHeadModel":  # the causal LM generates BERT's tokens, greedy and beam, with its cache
+        prompt = {"input_ids": batch["input_ids"][:1, :8], "attention_mask": batch["attention_mask"][:1, :8]}
+        for num_beams in (1, 3):
+            options = dict(prompt, max_new_tokens=8, do_sample=False, num_beams=num_beams, pad_token_id=0)
+            with torch.no_grad():
+                assert torch.equal(ours.generate(**options), reference.generate(**options)), num_beams
 
 
 def test_explicit_head_overrides_architectures(tmp_path):
