@@ -442,32 +442,44 @@ FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "ORT", "ORT fused", "CT2"]
 OURS = ("hf_vanilla", "hf_vanilla ORT")
 
 
+FP32_HEADER = ("| case | tokens | " + " | ".join(FP32_COLUMNS) +
+               " | ours (better of both) / best other | A/A | rounds | checks |\n" +
+               "|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---|")
+
+
+def fp32_row(case, engines, reference):
+    """The case's line of the float32 table, and the checks that failed."""
+    by_name = {e.name: e for e in engines}
+    cells, mids, checks, failed = [], {}, [], []
+    for name in FP32_COLUMNS:
+        engine = by_name.get(name)
+        if engine is None:
+            cells.append("-")
+            continue
+        mids[name], text = ratio_text(reference, engine)
+        cells.append(text)
+        ok, check = compare(reference, engine, case.lengths)
+        checks.append(f"{name}: {check}")
+        if not ok:
+            failed.append(f"{case.description}, {name}: {check}")
+    best = max(mids, key=mids.get)
+    cells = [f"**{c}**" if name == best else c for name, c in zip(FP32_COLUMNS, cells)]
+    ours = max(v for n, v in mids.items() if n in OURS)
+    others = [v for n, v in mids.items() if n not in OURS]
+    vs_best = f"{ours / max(others):.2f}" if others else "-"
+    line = (f"| {case.description} | {tokens_text(case)} | {' | '.join(cells)} | {vs_best} | "
+            f"{aa_text(reference)} | {len(reference.times)} | {'; '.join(checks)} |")
+    return line, failed
+
+
 def print_tables(results):
     print("\nSpeed-up over transformers fp32: median of paired per-round ratios [IQR]; bold: the best engine.\n")
-    print("| case | tokens | " + " | ".join(FP32_COLUMNS) + " | ours (better of both) / best other | A/A | rounds | checks |")
-    print("|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---|")
+    print(FP32_HEADER)
     failed = []
-    for case, engines, reference in results:
-        by_name = {e.name: e for e in engines}
-        cells, mids, checks = [], {}, []
-        for name in FP32_COLUMNS:
-            engine = by_name.get(name)
-            if engine is None:
-                cells.append("-")
-                continue
-            mids[name], text = ratio_text(reference, engine)
-            cells.append(text)
-            ok, check = compare(reference, engine, case.lengths)
-            checks.append(f"{name}: {check}")
-            if not ok:
-                failed.append(f"{case.description}, {name}: {check}")
-        best = max(mids, key=mids.get)
-        cells = [f"**{c}**" if name == best else c for name, c in zip(FP32_COLUMNS, cells)]
-        ours = max(v for n, v in mids.items() if n in OURS)
-        others = [v for n, v in mids.items() if n not in OURS]
-        vs_best = f"{ours / max(others):.2f}" if others else "-"
-        print(f"| {case.description} | {tokens_text(case)} | {' | '.join(cells)} | {vs_best} | "
-              f"{aa_text(reference)} | {len(reference.times)} | {'; '.join(checks)} |")
+    for result in results:
+        line, failures = fp32_row(*result)
+        print(line)
+        failed += failures
 
     reduced = [(case, [e for e in engines if e.precision != "fp32"], reference) for case, engines, reference in results]
     if any(engines for _, engines, _ in reduced):
@@ -545,8 +557,9 @@ def main(argv=None):
             time_rounds(engines, min_rounds, budget)
             reference = next(e for e in engines if e.name == REFERENCE)
             results.append((case, engines, reference))
-            print(f"  done: {case.description} ({time.perf_counter() - started:.0f} s, load "
-                  f"{os.getloadavg()[0]:.1f})", flush=True)
+            # Each row as soon as it is measured: on a busy machine a run may be cut short.
+            print(f"  done ({time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}): "
+                  f"{fp32_row(case, engines, reference)[0]}", flush=True)
             del engines
 
     failed = print_tables(results)
