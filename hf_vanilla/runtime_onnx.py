@@ -51,7 +51,9 @@ from pathlib import Path
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from .modeling_vanilla import VanillaStack, _is_tracing
+from .kernels import is_tracing
+from .modeling_vanilla import VanillaStack
+from .validation import check_inputs
 
 CACHE_FORMAT = 1  # bump when the exported graph changes for the same weights
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
@@ -143,7 +145,8 @@ class OnnxStackRunner:
             or get("past_key_values") is not None or get("encoder_hidden_states") is not None
             or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
             or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
-            or stack.training or _is_tracing() or input_ids.device.type != "cpu"
+            or stack.training or is_tracing() or input_ids.device.type != "cpu"
+            or (attention_mask is not None and attention_mask.dim() != 2)  # a 4-D mask: the caller's own
             or (token_type_ids is not None and not self.token_types)
         ):
             return None
@@ -163,7 +166,8 @@ class OnnxStackRunner:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         # The same checks, with the same messages, as PyTorch's path (ids in range, shapes, mask values).
-        stack._check_inputs(input_ids, None, token_type_ids, None, attention_mask, 0)
+        check_inputs(config, is_decoder=False, input_ids=input_ids, inputs_embeds=None, token_type_ids=token_type_ids,
+                     position_ids=None, attention_mask=attention_mask)
         if self.token_types:
             token_type_ids = (torch.zeros_like(input_ids) if token_type_ids is None
                               else token_type_ids.expand(B, T))
