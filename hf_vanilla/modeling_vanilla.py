@@ -25,6 +25,7 @@ batches run without their padding) and `validation.py` (bad input refused before
 """
 
 import copy
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -524,6 +525,22 @@ class VanillaPreTrainedModel(PreTrainedModel):
     # forward, assumes the loss is already normalised for gradient accumulation and skips dividing by the number of
     # accumulated steps: every update (and logged loss) would be that many times too large.
     accepts_loss_kwargs = False
+
+    @classmethod
+    def from_pretrained(cls, *args, runtime: str | None = None, **kwargs):
+        """transformers' `from_pretrained`, with one more option: `runtime="onnxruntime"` runs the encoder on ONNX
+        Runtime wherever that gives the same answer, and PyTorch elsewhere (hf_vanilla/runtime_onnx.py: the graph
+        is exported once and cached on disk; it needs the onnx extra). For small requests on small models."""
+        model = super().from_pretrained(*args, **kwargs)
+        if runtime is None:
+            return model
+        if runtime != "onnxruntime":
+            raise ValueError(f"Unknown runtime {runtime!r}: pass runtime='onnxruntime', or leave it out for PyTorch.")
+        try:  # by name: a relative import would copy the runtime into every remote-code checkpoint
+            return importlib.import_module("hf_vanilla.runtime_onnx").use_onnx_runtime(model)
+        except ModuleNotFoundError as error:
+            raise ImportError(f"runtime='onnxruntime' needs the hf_vanilla package with its onnx extra ({error}): "
+                              f'pip install "hf_vanilla[onnx]"') from error
 
     def __init__(self, config, *inputs, **kwargs):
         # A config may be inconsistent while it is filled in field by field (as BertConfig allows); a model needs a

@@ -98,11 +98,14 @@ def test_hidden_states_match_transformers(base, lengths, left):
         assert torch.all(got.last_hidden_state[~real] == 0)
 
 
-def test_classifier_and_pipeline_match_transformers(tmp_path_factory, minilm_path, tmp_path):
+def test_classifier_and_pipeline_match_transformers(tmp_path_factory, minilm_path, tmp_path, monkeypatch):
+    """Reached as a user would: the Auto class's from_pretrained with runtime="onnxruntime"."""
     reference_dir, vanilla_dir = converted(tmp_path_factory, minilm_path, "sentiment")
     reference = BertForSequenceClassification.from_pretrained(reference_dir).eval()
-    ours = use_onnx_runtime(AutoModelForSequenceClassification.from_pretrained(vanilla_dir).eval(),
-                            cache_dir=tmp_path)
+    monkeypatch.setattr(runtime_onnx, "default_cache_dir", lambda: tmp_path)
+    ours = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, runtime="onnxruntime").eval()
+    with pytest.raises(ValueError, match="Unknown runtime 'tensorrt'"):
+        AutoModelForSequenceClassification.from_pretrained(vanilla_dir, runtime="tensorrt")
     tokenizer = AutoTokenizer.from_pretrained(vanilla_dir)
     texts = ["a quiet evening by the river", "no", "the results were nothing like what the paper promised at all"]
     batch = tokenizer(texts, padding=True, return_tensors="pt")
