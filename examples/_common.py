@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from conversion.common import ConversionError
+from hf_vanilla.conversion.common import ConversionError
 
 # Optional packages the examples import, and the extra of hf_vanilla (pyproject.toml) that installs each.
 EXTRAS = {

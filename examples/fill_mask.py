@@ -20,7 +20,7 @@ from pathlib import Path
 from transformers import BertForMaskedLM, pipeline
 
 import _common
-from conversion.bert import vanilla_checkpoint
+from hf_vanilla.conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXTS = ["The capital of France is [MASK].", "I [MASK] this movie, it was great fun.",

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
 import _common
-from conversion.bert import vanilla_checkpoint
+from hf_vanilla.conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForSequenceClassification
 
 SUBJECTS = ["The movie", "This restaurant", "The service", "My new phone", "The hotel room", "That concert",

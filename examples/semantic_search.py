@@ -16,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local
 
 import _common  # noqa: E402
-from conversion.bert import vanilla_checkpoint  # noqa: E402
+from hf_vanilla.conversion.bert import vanilla_checkpoint  # noqa: E402
 
 CORPUS = [
     "A man is eating food.",

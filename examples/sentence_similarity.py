@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import _common
-from conversion.bert import vanilla_checkpoint
+from hf_vanilla.conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 SENTENCES = [

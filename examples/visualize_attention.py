@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 import _common
-from conversion.bert import vanilla_checkpoint
+from hf_vanilla.conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXT = "The animal didn't cross the street because it was too tired."

@@ -4,7 +4,7 @@
 loads with `AutoModel.from_pretrained(path)` without `trust_remote_code`.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 import os as _os
 import sys as _sys

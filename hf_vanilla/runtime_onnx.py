@@ -245,7 +245,7 @@ def _cached_graph(stack, cache_dir: Path, fuse: bool) -> Path:
     path = cache_dir / f"encoder-{_cache_key(stack, fuse)}.onnx"
     if path.is_file():
         return path
-    from conversion.onnx_export import export_encoder
+    from hf_vanilla.conversion.onnx_export import export_encoder
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     config = stack.config

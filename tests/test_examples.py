@@ -68,13 +68,13 @@ def test_quickstart_converts_the_bundled_minilm_and_reruns(tmp_path):
 
 
 def test_quickstart_leaves_a_folder_it_did_not_write_alone(tmp_path):
-    """Without --force, an existing folder that is not an earlier conversion is kept, and the script says why."""
+    """An existing folder that is not an earlier conversion is kept, and the converter says why."""
     mine = tmp_path / "converted" / "minilm"
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine")
     result = run_script("quickstart.py", cwd=tmp_path)
     assert result.returncode == 2
-    assert "--force" in result.stdout + result.stderr  # the way out is named
+    assert "refuses to replace" in result.stderr and "choose another --output" in result.stderr  # why, and the way out
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"
 
 
