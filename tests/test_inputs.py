@@ -21,7 +21,6 @@ from numerics import assert_close
 
 import hf_vanilla.modeling_vanilla as modeling
 from hf_vanilla.modeling_vanilla import shift_tokens_right
-from numerics import assert_close
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
