@@ -44,12 +44,12 @@ def hub_reachable() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is available here")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False in this process")
     skip_hub = pytest.mark.skip(reason=(  # the Hub is probed only when HF_VANILLA_HUB=1 asks for it
         "needs the Hugging Face Hub: HF_VANILLA_HUB=1 is set, but huggingface.co:443 cannot be reached"
         if os.environ.get("HF_VANILLA_HUB") == "1" else
         "needs the Hugging Face Hub; set HF_VANILLA_HUB=1 to run it where the Hub can be reached"))
-    skip_slow = pytest.mark.skip(reason="slow on a 2-core CPU; set HF_VANILLA_SLOW=1 to run")
+    skip_slow = pytest.mark.skip(reason="slow (over a minute on a 2-core CPU); set HF_VANILLA_SLOW=1 to run")
     hub = None
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
