@@ -39,6 +39,7 @@ from .common import (
 from .seq2seq import (
     MARIAN_CROSS_ATTENTION_TABLE,
     MARIAN_LAYER_TABLE,
+    compare_generation,
     fairseq_config,
     generation_ids,
     marian_embeddings,
@@ -223,20 +224,18 @@ def verify_bart(reference, model, head: str) -> tuple[bool, str]:
             continue
         # Decoder states line up with the target, which for the heads that read the shifted source is that source.
         mask = inputs["attention_mask"] if name == "encoder_hidden_states" else target_mask
+        name_diffs = []
         for r, o in zip(*((ref, ours) if isinstance(ref, tuple) else ((ref,), (ours,))), strict=True):
             real = mask.bool() if r.shape[:2] == mask.shape else torch.ones(r.shape[:1], dtype=torch.bool)
             diff = (r[real].float() - o[real].float()).abs().max().item()
             ok &= diff <= 1e-5 * max(1.0, r[real].abs().max().item())
-            diffs.append(diff)
-        print(f"  {name}: max |diff| = {max(diffs):.3e}")
+            name_diffs.append(diff)
+        print(f"  {name}: max |diff| = {max(name_diffs):.3e}")
+        diffs += name_diffs
     summary = f"max |diff| {max(diffs):.1e} over every hidden state and output (fp32, padded batch)"
     if head == "BartForCausalLM":
-        for options in ({"num_beams": 1}, {"num_beams": 3}):
-            kwargs = dict(inputs, max_new_tokens=8, do_sample=False, **options)
-            with torch.no_grad():
-                same = torch.equal(reference.generate(**kwargs), model.generate(**kwargs))
-            ok &= same
-            summary += f"; generate() with {options['num_beams']} beam(s): {'identical' if same else 'different'} tokens"
+        same, generated = compare_generation(reference, model, inputs)
+        ok, summary = ok and same, f"{summary}; {generated}"
     return ok, summary
 
 

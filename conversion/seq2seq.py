@@ -618,8 +618,16 @@ def verify_seq2seq(reference, model, with_token_types: bool, generation: bool = 
     summary = f"logits max |diff| {logits_diff:.2e} (fp32, padded batch, tolerance {LOGITS_TOLERANCE:g})"
     if not generation:
         return ok, summary
+    same, generated = compare_generation(reference, model, batch, max_new_tokens, num_beams)
+    return ok and same, f"{summary}; {generated}"
+
+
+def compare_generation(reference, model, inputs: dict, max_new_tokens: int = 10, num_beams: int = 4):
+    """Greedy and beam-search `generate()` of both models from `inputs`, each with its own generation config: (both
+    gave identical token sequences, a summary)."""
+    ok, summary = True, []
     for name, options in (("greedy", {"num_beams": 1}), (f"beam search ({num_beams} beams)", {"num_beams": num_beams})):
-        kwargs = dict(batch, max_new_tokens=max_new_tokens, do_sample=False, **options)
+        kwargs = dict(inputs, max_new_tokens=max_new_tokens, do_sample=False, **options)
         with torch.no_grad():
             expected = reference.generate(**kwargs)
             ours = model.generate(**kwargs)
@@ -627,5 +635,5 @@ def verify_seq2seq(reference, model, with_token_types: bool, generation: bool = 
         print(f"  generate, {name}: {'identical' if same else 'DIFFERENT'} token sequences "
               f"({expected.shape[0]} sources, {expected.shape[1]} tokens)")
         ok &= same
-        summary += f"; {name} generate(): {'identical' if same else 'different'} tokens"
-    return ok, summary
+        summary.append(f"{name} generate(): {'identical' if same else 'different'} tokens")
+    return ok, "; ".join(summary)
