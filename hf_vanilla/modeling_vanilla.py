@@ -447,13 +447,13 @@ class VanillaStack(nn.Module):
                      token_type_ids=token_type_ids, position_ids=position_ids, attention_mask=attention_mask,
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
                      encoder_attention_mask=encoder_attention_mask)
-        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        B, T = inputs.shape[:2]
         key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T
         if position_ids is None:
             start = config.position_offset + past_length  # a tensor only for a static cache while tracing
-            device = (input_ids if input_ids is not None else inputs_embeds).device
-            position_ids = (torch.arange(start, start + T, device=device) if isinstance(start, int)
-                            else torch.arange(T, device=device) + start)
+            position_ids = (torch.arange(start, start + T, device=inputs.device) if isinstance(start, int)
+                            else torch.arange(T, device=inputs.device) + start)
         # (T,) or (1, T), shared by every row, -> (B, T): the packed path gathers them token by token.
         position_ids = position_ids.expand(B, T)
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
