@@ -25,16 +25,14 @@ from hf_vanilla import (
 
 from .common import (
     ConversionError,
-    atomic_output,
     build_model,
-    copy_side_files,
     expand_table,
     load_tensors,
     map_tensors,
     read_source,
     reference_model,
-    require_parity,
     write_conversion,
+    write_source_format,
 )
 from .seq2seq import (
     MARIAN_CROSS_ATTENTION_TABLE,
@@ -276,13 +274,12 @@ def to_bart(source: str, output: str, force: bool = False, verify_parity: bool =
     bart = vanilla_to_bart(tensors, config, head)
     if (source_dir / "generation_config.json").is_file():  # forced_eos_token_id, num_beams...: what generate does
         bart.generation_config = GenerationConfig.from_pretrained(source_dir)
-    with atomic_output(output, force) as staging:
-        bart.save_pretrained(staging)
-        copy_side_files(source_dir, staging)
-        if verify_parity:
-            print(f"Verifying the written {head} against the vanilla source (padded batch):")
-            reference = reference_model(HEADS[head].ours, tensors, source_dir)
-            written = getattr(transformers, head).from_pretrained(staging, attn_implementation="eager")
-            require_parity(*verify_bart(written.eval(), reference, head))
-    return Path(output)
+
+    def verify(staging):
+        print(f"Verifying the written {head} against the vanilla source (padded batch):")
+        reference = reference_model(HEADS[head].ours, tensors, source_dir)
+        written = getattr(transformers, head).from_pretrained(staging, attn_implementation="eager")
+        return verify_bart(written.eval(), reference, head)
+
+    return write_source_format(output, force, source_dir, bart, verify if verify_parity else None)
 

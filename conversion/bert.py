@@ -42,13 +42,10 @@ from hf_vanilla import (
 
 from .common import (
     BUFFERS,
-    DTYPES,
     ConversionError,
-    atomic_output,
+    DTYPES,
     build_model,
-    check_tokenizer,
     compare,
-    copy_side_files,
     expand_table,
     load_tensors,
     map_tensors,
@@ -57,10 +54,10 @@ from .common import (
     read_source,
     reference_model,
     require_encoder,
-    require_parity,
     resolve_source,
     save_checkpoint,
     write_conversion,
+    write_source_format,
 )
 from .common import verification_batch  # noqa: F401  (public here: tests, benchmarks and examples import it)
 
@@ -373,17 +370,13 @@ def to_bert(source: str, output: str, force: bool = False, dtype: str | None = N
     head = vanilla_head(config, source_dir)
     tensors = load_tensors(source_dir)
     bert = vanilla_to_bert(tensors, config, head)
-    check_tokenizer(source_dir, bert.config.vocab_size)
     if dtype is not None:
         bert.to(DTYPES[dtype])
-    with atomic_output(output, force, sources=(source_dir,)) as staging:
-        bert.save_pretrained(staging)
-        copy_side_files(source_dir, staging)
-        if verify_parity:
-            # What a user will do: load the written folder with transformers alone, next to the source.
-            print(f"Verifying the written {HEADS[head].bert} against the vanilla source (padded batch):")
-            reference = reference_model(HEADS[head].ours, tensors, source_dir)
-            written = HEADS[head].auto.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
-            ok, parity = compare(reference, written.eval(), relative=True)
-            require_parity(ok, parity)
-    return Path(output)
+
+    def verify(staging):  # what a user will do: load the written folder with transformers alone, next to the source
+        print(f"Verifying the written {HEADS[head].bert} against the vanilla source (padded batch):")
+        reference = reference_model(HEADS[head].ours, tensors, source_dir)
+        written = HEADS[head].auto.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
+        return compare(reference, written.eval(), relative=True)
+
+    return write_source_format(output, force, source_dir, bert, verify if verify_parity else None)

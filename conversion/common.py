@@ -510,6 +510,20 @@ def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -
                 f"outputs).")
 
 
+def write_source_format(output: str, force: bool, source_dir: Path, model, verify=None) -> Path:
+    """How every vanilla -> transformers converter ends: the source's tokenizer checked against the model's
+    vocabulary, then inside `atomic_output` (whose `sources` guard keeps the source out of reach): the model saved
+    with transformers, the source's tokenizer and side files copied, and `verify(directory)` -> (ok, summary) run on
+    the written folder unless `verify` is None (--no-verify)."""
+    check_tokenizer(source_dir, model.config.vocab_size)
+    with atomic_output(output, force, sources=(source_dir,)) as staging:
+        model.save_pretrained(staging)
+        copy_side_files(source_dir, staging)
+        if verify is not None:
+            require_parity(*verify(staging))
+    return Path(output)
+
+
 # ---- BERT-family encoders: one flow for RoBERTa, DistilBERT and ELECTRA ------------------------------------------
 
 
@@ -734,11 +748,7 @@ class EncoderFormat:
             model_class = partial(model_class, add_pooling_layer=config.use_pooler)
         model = build_model(model_class, target_config, mapped, unknown)
         model.config.architectures = [self.source_class(model_type, head).__name__]
-        check_tokenizer(source_dir, model.config.vocab_size)
-        with atomic_output(output, force, sources=(source_dir,)) as staging:
-            model.to(DTYPES[dtype]).save_pretrained(staging)
-            copy_side_files(source_dir, staging)
-        return Path(output)
+        return write_source_format(output, force, source_dir, model.to(DTYPES[dtype]))
 
 
 def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,

@@ -91,3 +91,14 @@ def test_pre_ln_bart_variants_are_refused(tmp_path, capsys):
     config.write_text(config.read_text().replace('"d_model"', '"normalize_before": true, "d_model"'))
     assert main(["bart", "--source", str(tmp_path / "bart"), "--output", str(tmp_path / "vanilla")]) == 2
     assert "mBART" in capsys.readouterr().err and not (tmp_path / "vanilla").exists()
+
+
+def test_to_bart_never_replaces_its_source(tmp_path, capsys):
+    """to-bart ends like every reverse converter (write_source_format): --force cannot reach the folder it reads."""
+    tiny_bart(tmp_path / "bart", "BartModel")
+    assert main(["bart", "--source", str(tmp_path / "bart"), "--output", str(tmp_path / "vanilla")]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "vanilla").iterdir()}
+    assert main(["to-bart", "--source", str(tmp_path / "vanilla"), "--output", str(tmp_path / "vanilla"),
+                 "--force"]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "vanilla").iterdir()} == before
