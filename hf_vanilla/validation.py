@@ -47,8 +47,7 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         shape = tuple(inputs_embeds.shape[:2])
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
-    key_length = cache.get_mask_sizes(shape[1], 0)[0] if cache is not None else shape[1]
-    _check_mask_shape(mask_name, attention_mask, shape, past_length, key_length, ids_name)
+    _check_mask_shape(mask_name, attention_mask, shape, past_length, cache, ids_name)
     for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
         if ids is None:
             continue
@@ -127,7 +126,7 @@ def _check_integer(name, ids):
         )
 
 
-def _check_mask_shape(name, mask, shape, past_length, key_length, ids_name):
+def _check_mask_shape(name, mask, shape, past_length, cache, ids_name):
     """A 2-D padding mask has one 1/0 per token (of the cache too, when decoding). A 4-D mask, as transformers'
     mask utilities and `generate` with a static cache build it, is (batch or 1, 1, length or 1, keys) and is used
     as given: True/1 (or an additive 0) where a query may attend, False/0 (or a large negative number) where not."""
@@ -136,6 +135,7 @@ def _check_mask_shape(name, mask, shape, past_length, key_length, ids_name):
     if mask.is_complex():
         raise ValueError(f"{name} must be bool, integer or float, got {mask.dtype}: pass the tokenizer's mask.")
     if mask.dim() == 4:
+        key_length = cache.get_mask_sizes(shape[1], 0)[0] if cache is not None else shape[1]
         if (mask.shape[0] not in (1, shape[0]) or mask.shape[1] != 1 or mask.shape[2] not in (1, shape[1])
                 or mask.shape[3] != key_length):
             raise ValueError(
