@@ -1,21 +1,38 @@
 """Which kernel computes a projection, and why.
 
 Every projection in the model (W^Q, W^K, W^V, W^O, the feed-forward's W1 and W2, the heads) is a `VanillaLinear`:
-an `nn.Linear` whose CPU float32 inference on a large weight runs oneDNN's matmul instead of the BLAS call behind
-`F.linear` (MKL's sgemm on x86 builds of torch). It is the same product of the same weights in another kernel,
-which differs only in the order it sums (outputs within float32 rounding). It exists because MKL is slow on the
-skinny products of small requests and generation; docs/performance.md has the measurements and
-`benchmarks/linear_kernels.py` re-measures them on any machine.
+an `nn.Linear` whose CPU float32 inference may run oneDNN's matmul instead of the BLAS call behind `F.linear`
+(MKL's sgemm on x86 builds of torch). It is the same product of the same weights in another kernel, which differs
+only in the order it sums (outputs within float32 rounding). It exists because MKL is slow on the skinny products
+of small requests and generation (1.6-2.8x at 8-16 rows on AMD Zen 4); docs/performance.md has the measurements.
 
-What this module guarantees: outside that one case (inference, CPU, float32, plain tensors, a large weight),
-`VanillaLinear` is `nn.Linear` bit for bit, so training, autocast, GPUs, other dtypes, tracing and export,
-torch.func transforms and quantized or sharded weights behave exactly as with `nn.Linear`.
+Which of the two is faster depends on the CPU, the shape, the number of rows, the threads and the cache: on the
+Intel Xeon of issue 19, oneDNN lost 0.71x on MiniLM's 384 x 384 projections at 16 rows, where it gains on AMD, and
+no size threshold is right on both. So the choice is measured, per process, in the model (policy "measure", the
+default): for each key (in_features, out_features, rows rounded up to a power of two and capped at 1024, torch's
+thread count), the first `CALIBRATION_PAIRS` eligible calls run both kernels, in alternating order, timing each,
+and return F.linear's result; after them the key runs oneDNN only if the median of the paired ratios
+t_F.linear / t_oneDNN is at least `MIN_GAIN`. The margin means noise can only leave a product on F.linear (the
+kernel transformers' BERT uses), never move it to a slower one. A model's weights are cold when a layer runs, and
+the calibration calls see them so, as they are the model's own calls. `decisions()` shows what was decided.
+
+`HF_VANILLA_LINEAR_KERNEL` (read at import) or `kernels.POLICY` chooses another policy: "blas" (F.linear always:
+bit for bit nn.Linear) or "onednn" (oneDNN for every eligible product, without measuring: the tests use it to run
+oneDNN deterministically). With `torch.use_deterministic_algorithms(True)` every product is F.linear's, since a
+measured choice may differ from one run to the next; `torch.backends.mkldnn.flags(enabled=False)` does the same.
+
+What this module guarantees: outside eligible calls (inference, CPU, float32, plain tensors, at least
+`MIN_WEIGHTS` weights), `VanillaLinear` is `nn.Linear` bit for bit, so training, autocast, GPUs, other dtypes,
+tracing and export, torch.func transforms and quantized or sharded weights behave exactly as with `nn.Linear`.
 
 It also holds the two predicates the rest of the package asks before doing anything data-dependent:
 `is_tracing()` (compile, export, jit trace: graphs must not branch on values) and `is_transformed()`.
 """
 
+import os
 import platform
+import statistics
+import time
 
 import torch
 from torch import nn
@@ -38,15 +55,63 @@ _ONEDNN = (
     and torch.backends.mkldnn.is_available()
     and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 )
-# Below this many weights, oneDNN's fixed cost per call (~12 us, against MKL's ~3) outweighs what it saves. Measured in
-# the models here: MiniLM's 384 x 384 projections gain, a 32-wide model loses, 256 x 256 is even.
-_ONEDNN_MIN_WEIGHTS = 2**17
+POLICIES = ("measure", "onednn", "blas")
+POLICY = os.environ.get("HF_VANILLA_LINEAR_KERNEL", "measure")
+if POLICY not in POLICIES:
+    raise ValueError(f"HF_VANILLA_LINEAR_KERNEL={POLICY!r}: use one of {', '.join(POLICIES)} (default: measure).")
+# Below this many weights oneDNN's fixed cost per call (~12 us, against MKL's ~3) cannot be won back: 32 x 32 runs at
+# 0.2-0.3x on AMD Zen 4 at every row count. Not measured, so that tiny models pay nothing for calibration.
+MIN_WEIGHTS = 2**12
+CALIBRATION_PAIRS = 6  # three with each kernel first
+MIN_GAIN = 1.05
+MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance.md)
+
+_decisions: dict[tuple, bool] = {}  # key -> run oneDNN
+_trials: dict[tuple, list[float]] = {}  # key -> t_F.linear / t_oneDNN of each calibration pair so far
+
+
+def decisions() -> dict[tuple, bool]:
+    """What the "measure" policy decided so far: (in_features, out_features, rows bucket, threads) -> oneDNN?"""
+    return dict(_decisions)
+
+
+def forget_decisions() -> None:
+    """Measure again from the next call (after changing threads or CPU affinity, or in tests)."""
+    _decisions.clear()
+    _trials.clear()
+
+
+def _onednn_linear(x, weight, bias):
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _key(x, weight) -> tuple:
+    out_features, in_features = weight.shape
+    rows = max(x.numel() // in_features, 1)
+    return in_features, out_features, min(1 << (rows - 1).bit_length(), MAX_ROWS_BUCKET), torch.get_num_threads()
+
+
+def _measure(key, x, weight, bias):
+    """One calibration pair: both kernels, the first alternating between pairs; F.linear's output is returned."""
+    trials = _trials.setdefault(key, [])
+    seconds = {}
+    for kernel in (_onednn_linear, nn.functional.linear)[:: 1 if len(trials) % 2 == 0 else -1]:
+        start = time.perf_counter()
+        output = kernel(x, weight, bias)
+        seconds[kernel] = time.perf_counter() - start
+        if kernel is nn.functional.linear:
+            result = output
+    trials.append(seconds[nn.functional.linear] / max(seconds[_onednn_linear], 1e-9))
+    if len(trials) >= CALIBRATION_PAIRS:
+        _decisions[key] = statistics.median(trials) >= MIN_GAIN
+        _trials.pop(key, None)
+    return result
 
 
 class VanillaLinear(nn.Linear):
     """nn.Linear: y = x W^T + b, with W stored (out_features, in_features) as in every BERT checkpoint.
 
-    CPU float32 inference on a large weight runs oneDNN's matmul (see the module docstring); everything else takes
+    CPU float32 inference may run oneDNN's matmul where it measured faster (see the module docstring); the rest takes
     nn.Linear's own path: training (oneDNN's op has no backward), torch.func transforms and forward-mode AD,
     autocast, GPUs, other dtypes, nested inputs, tracing and export (graphs keep aten::linear), and tensor
     subclasses (quantized or sharded weights). As a subclass it stays an nn.Linear to everything that looks for
@@ -59,7 +124,8 @@ class VanillaLinear(nn.Linear):
         weight, bias = self.weight, self.bias
         if (
             _ONEDNN
-            and self.in_features * self.out_features >= _ONEDNN_MIN_WEIGHTS
+            and POLICY != "blas"
+            and self.in_features * self.out_features >= MIN_WEIGHTS
             and torch.backends.mkldnn.enabled  # users may turn oneDNN off: torch.backends.mkldnn.flags(enabled=False)
             and x.dtype == torch.float32
             and weight.dtype == torch.float32
@@ -74,9 +140,17 @@ class VanillaLinear(nn.Linear):
             and not torch.is_autocast_enabled("cpu")
             and not is_tracing()
             and not is_transformed()
+            and not torch.are_deterministic_algorithms_enabled()
         ):
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+            if POLICY == "onednn":
+                return _onednn_linear(x, weight, bias)
+            key = _key(x, weight)
+            onednn = _decisions.get(key)
+            if onednn is None:
+                return _measure(key, x, weight, bias)
+            if onednn:
+                return _onednn_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["VanillaLinear", "is_tracing", "is_transformed"]
+__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed"]

@@ -38,6 +38,9 @@ VARIANTS = {
     "mkl": ("no oneDNN (tests/conftest.py): every float32 product through MKL, on its conditional-reproducibility "
             "'compatible' path, which sums in another order than MKL's default kernels on any CPU",
             {"HF_VANILLA_ONEDNN": "0", "MKL_CBWR": "COMPATIBLE"}),
+    "onednn": ("every eligible float32 product on oneDNN's matmul, without measuring (HF_VANILLA_LINEAR_KERNEL, "
+               "hf_vanilla/kernels.py): the other kernel the default policy may pick, on every shape it may pick it for",
+               {"HF_VANILLA_LINEAR_KERNEL": "onednn"}),
     "one-thread": ("one thread: no product or reduction split between cores",
                    {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}),
 }

@@ -219,8 +219,10 @@ def test_attention_maps_are_distributions_that_skip_padding(minilm):
     assert padding_keys.any()
     assert (weights.permute(1, 4, 0, 2, 3)[padding_keys] == 0).all()  # no query reads a padding token
 
-    sdpa = AutoModel.from_pretrained(vanilla_dir).eval()  # the default backend gives the same maps
-    assert torch.equal(module.attention_weights(sdpa, batch), weights)
+    # The default backend gives the same maps, within float32 rounding: its projections may run on the other matmul
+    # kernel, which hf_vanilla/kernels.py picks by measuring the first calls of each shape.
+    sdpa = AutoModel.from_pretrained(vanilla_dir).eval()
+    assert_close(module.attention_weights(sdpa, batch), weights)
 
     bert = BertModel.from_pretrained(reference_dir, attn_implementation="eager").eval()
     with torch.no_grad():

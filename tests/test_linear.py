@@ -1,11 +1,15 @@
-"""`VanillaLinear`: nn.Linear, whose CPU float32 inference on large weights runs oneDNN's matmul (issue 7).
+"""`VanillaLinear`: nn.Linear, whose CPU float32 inference may run oneDNN's matmul (issues 7 and 19).
 
-The kernel is chosen per call. Where oneDNN runs, the output must equal nn.Linear's within the float32 rule of
-tests/numerics.py (two kernels summing in other orders); everywhere else (autograd, torch.func transforms and
-forward-mode AD, autocast, small weights, other dtypes, tracing) nn.Linear's own path must run, bit for bit.
+Where oneDNN runs, the output must equal nn.Linear's within the float32 rule of tests/numerics.py (two kernels
+summing in other orders); everywhere else (autograd, torch.func transforms and forward-mode AD, autocast, small
+weights, other dtypes, tracing, deterministic mode) nn.Linear's own path must run, bit for bit. Which of the two
+runs an eligible product is measured per shape (the "measure" policy): while it measures, the output is
+F.linear's; then the faster kernel by at least MIN_GAIN runs, and a kernel that loses is never chosen.
 The model-level proof is the bert-base parity tests (tests/test_encoder_parity.py): their 768-wide projections and
 30522-word output layer run here, under `no_grad`, within the same rule of transformers' BERT.
 """
+
+import time
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from numerics import assert_close
 from torch.nn import functional as F
 from torch.profiler import profile
 
+from hf_vanilla import kernels
 from hf_vanilla.kernels import _ONEDNN, VanillaLinear
 
 ONEDNN_OP = "mkldnn::_linear_pointwise"
@@ -20,6 +25,18 @@ ONEDNN_OP = "mkldnn::_linear_pointwise"
 pytestmark = [pytest.mark.skipif(not _ONEDNN, reason="this torch build has no oneDNN"), pytest.mark.numerics]
 needs_onednn_on = pytest.mark.skipif(not torch.backends.mkldnn.enabled,
                                      reason="oneDNN is turned off (HF_VANILLA_ONEDNN=0, see tests/conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def fresh_decisions():
+    kernels.forget_decisions()
+    yield
+    kernels.forget_decisions()
+
+
+@pytest.fixture
+def always_onednn(monkeypatch):
+    monkeypatch.setattr(kernels, "POLICY", "onednn")
 
 
 def layer(in_features=768, out_features=3072, bias=True):
@@ -38,7 +55,7 @@ def ops_of(run):
 @needs_onednn_on
 @pytest.mark.parametrize("shape", [(16, 768), (2, 9, 768), (1, 768), (0, 768)], ids=str)
 @pytest.mark.parametrize("bias", [True, False])
-def test_onednn_runs_inference_and_matches_nn_linear(shape, bias):
+def test_onednn_runs_inference_and_matches_nn_linear(shape, bias, always_onednn):
     linear = layer(bias=bias)
     x = torch.randn(shape)
     with torch.inference_mode():
@@ -49,7 +66,7 @@ def test_onednn_runs_inference_and_matches_nn_linear(shape, bias):
     assert_close(output, expected)
 
 
-def test_onednn_is_deterministic():
+def test_onednn_is_deterministic(always_onednn):
     linear, x = layer(), torch.randn(37, 768)
     with torch.inference_mode():
         assert torch.equal(linear(x), linear(x))
@@ -69,7 +86,7 @@ def test_nested_input_takes_nn_linears_own_path():
 
 
 @needs_onednn_on
-def test_transposed_input_and_tied_weight():
+def test_transposed_input_and_tied_weight(always_onednn):
     """A non-contiguous input, and a weight shared with an embedding (the tied output layer), as in the models."""
     embedding = torch.nn.Embedding(30522, 768)
     torch.nn.init.normal_(embedding.weight, std=0.02)
@@ -120,6 +137,23 @@ def traced(linear, x):
     return graph(x)
 
 
+def deterministic(linear, x):
+    """A measured choice may differ between runs; deterministic mode wants the same bits every run."""
+    with torch.no_grad():
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            return linear(x)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+
+
+def blas(linear, x):
+    kernels.POLICY = "blas"  # restored by the always_onednn fixture's monkeypatch
+    with torch.no_grad():
+        return linear(x)
+
+
 @pytest.mark.parametrize(
     "case, run",
     [
@@ -132,10 +166,12 @@ def traced(linear, x):
         ("bfloat16", lambda linear, x: linear.bfloat16()(x.bfloat16())),
         ("tracing (ONNX export)", traced),
         ("oneDNN turned off", onednn_off),
+        ("deterministic algorithms", deterministic),
+        ("policy blas", blas),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
-def test_everything_else_takes_nn_linears_own_path(case, run):
+def test_everything_else_takes_nn_linears_own_path(case, run, always_onednn):
     linear, x = layer(), torch.randn(4, 768)
     output, ops = ops_of(lambda: run(linear, x))
     assert ONEDNN_OP not in ops, case
@@ -157,5 +193,51 @@ def test_everything_else_takes_nn_linears_own_path(case, run):
         assert torch.equal(output, reference(x.bfloat16()))
     elif case == "vmap":
         assert torch.equal(output, vmapped(reference, x))
-    elif case in ("tracing (ONNX export)", "oneDNN turned off", "forward-mode AD (jvp)"):
+    elif case in ("tracing (ONNX export)", "oneDNN turned off", "forward-mode AD (jvp)", "deterministic algorithms",
+                  "policy blas"):
         assert torch.equal(output, reference(x))
+
+
+def slowed(kernel, seconds=10e-3):
+    def run(*args):
+        time.sleep(seconds)
+        return kernel(*args)
+    return run
+
+
+@needs_onednn_on
+@pytest.mark.parametrize("faster", ["oneDNN", "F.linear"])
+def test_measured_choice_keeps_the_faster_kernel(faster, monkeypatch):
+    """Under the default policy, the first CALIBRATION_PAIRS calls of a shape return F.linear's output bit for bit
+    while both kernels are timed; then only the faster one runs. The loser is made 10 ms slower per call here, so
+    the outcome does not depend on this CPU."""
+    monkeypatch.setattr(kernels, "POLICY", "measure")  # the default, whatever HF_VANILLA_LINEAR_KERNEL says
+    if faster == "oneDNN":
+        monkeypatch.setattr(F, "linear", slowed(F.linear))
+    else:
+        monkeypatch.setattr(kernels, "_onednn_linear", slowed(kernels._onednn_linear))
+    linear, x = layer(), torch.randn(12, 768)
+    key = (768, 3072, 16, torch.get_num_threads())
+    with torch.inference_mode():
+        expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
+        for _ in range(kernels.CALIBRATION_PAIRS):
+            assert key not in kernels.decisions()
+            assert torch.equal(linear(x), expected)
+        assert kernels.decisions() == {key: faster == "oneDNN"}
+        output, ops = ops_of(lambda: linear(x))
+    assert (ONEDNN_OP in ops) == (faster == "oneDNN")
+    assert_close(output, expected)
+
+
+def test_shapes_are_measured_apart(monkeypatch):
+    """One decision per (in, out, rows rounded up to a power of two and capped, threads); tiny weights are never
+    measured (oneDNN cannot win there)."""
+    monkeypatch.setattr(kernels, "POLICY", "measure")
+    with torch.inference_mode():
+        for rows in (1, 9, 16, 5000):
+            for _ in range(kernels.CALIBRATION_PAIRS):
+                layer(768, 64)(torch.randn(rows, 768))
+        VanillaLinear(32, 32)(torch.randn(4, 32))
+    threads = torch.get_num_threads()
+    measured = {(768, 64, rows, threads) for rows in (1, 16, kernels.MAX_ROWS_BUCKET)}
+    assert set(kernels.decisions()) == (measured if torch.backends.mkldnn.enabled else set())
