@@ -1,14 +1,16 @@
 """`hf_vanilla.runtime_onnx.use_onnx_runtime`: the encoder on ONNX Runtime behind the unchanged Hugging Face API.
 
 Against transformers' own models on the same weights (small random BERTs with the real vocabulary, a tiny Marian):
-- hidden states at real tokens within the tests/numerics.py rule, for right-padded batches (run as groups of
+- hidden states and the pooler (which runs in the graph) at real tokens within the tests/numerics.py rule, for
+  right-padded batches (run as groups of
   similar length), left padding (run whole), a dense batch and one row; padding positions are zeros, as on
   PyTorch's packed path; and ONNX Runtime did run;
 - a classifier head and the text-classification pipeline give transformers' answers;
 - generate() with the encoder on ONNX Runtime gives transformers' tokens;
 - what ONNX Runtime cannot answer runs in PyTorch, with PyTorch's results: hidden states asked for, autograd,
   weights changed after the export (with a warning naming the fix), a deep copy; bad input gets PyTorch's error;
-- the cache: a second call reuses the graph without exporting; other weights get their own graph;
+- the cache: a second call reuses the graphs without exporting; other weights get their own graphs;
+- of the plain and the BERT-optimized graph, the one measured faster here runs;
 - the grouping of rows by length covers every row once, trimmed to each group's longest row.
 """
 
@@ -90,8 +92,10 @@ def test_hidden_states_match_transformers(base, lengths, left):
     with torch.inference_mode():
         expected = reference(input_ids=input_ids, attention_mask=mask)
         got = runtime(input_ids=input_ids, attention_mask=mask)
+        as_tuple = runtime(input_ids=input_ids, attention_mask=mask, return_dict=False)
     real = mask.bool()
-    assert calls.count >= 1
+    assert calls.count >= 2 and len(as_tuple) == 2  # the pooler is in the graph: one engine call per request
+    assert torch.equal(as_tuple[1], got.pooler_output)
     assert_close(got.last_hidden_state[real], expected.last_hidden_state[real])
     assert_close(got.pooler_output, expected.pooler_output)
     if not left:
@@ -179,12 +183,12 @@ def test_changed_weights_fall_back_with_a_warning_and_reexport(base):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # warned once, not on every call
             model(input_ids=input_ids, attention_mask=mask)
-        assert len(list(cache.glob("*.onnx"))) == 1
-        use_onnx_runtime(model, cache_dir=cache)  # the new weights get their own graph
+        graphs = set(cache.glob("*.onnx"))
+        use_onnx_runtime(model, cache_dir=cache)  # the new weights get their own graphs (plain and fused)
         calls = Calls(model)
         assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()],
                      expected[mask.bool()])
-        assert calls.count == 1 and len(list(cache.glob("*.onnx"))) == 2
+        assert calls.count == 1 and len(set(cache.glob("*.onnx")) - graphs) == 2
         with pytest.warns(UserWarning, match="use_onnx_runtime"):
             copied(input_ids=input_ids, attention_mask=mask)
 
@@ -196,13 +200,40 @@ def test_cached_graph_is_reused_without_exporting(base, monkeypatch):
     def no_export(*args, **kwargs):
         raise AssertionError("exported again although the graph was cached")
 
-    monkeypatch.setattr("conversion.onnx_export.export_encoder", no_export)
+    monkeypatch.setattr("hf_vanilla.conversion.onnx_export.export_encoder", no_export)  # what the runtime imports
+    monkeypatch.setattr("onnxruntime.transformers.optimizer.optimize_model", no_export)
     use_onnx_runtime(runtime, cache_dir=cache)
     assert sorted(cache.iterdir()) == before  # nothing written, no temporary file left
 
 
+def test_the_faster_graph_is_kept(base, monkeypatch):
+    """fuse="auto" times the plain and the BERT-optimized graph against each other and keeps the faster: the one
+    `_speedup` (t_plain / t_fused) says, measured for real here, then forced each way. Both answer alike."""
+    _, _, eager, cache = base
+    input_ids, mask = padded_batch([7, 12])
+    with torch.inference_mode():
+        expected = eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
+    model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    runner = model._onnx_runner
+    assert runner.fused_speedup > 0 and runner.graph == ("fused" if runner.fused_speedup > 1 else "plain")
+    for speedup, graph in ((2.0, "fused"), (0.5, "plain")):
+        monkeypatch.setattr(runtime_onnx, "_speedup", lambda plain, fused, feeds, speedup=speedup: speedup)
+        use_onnx_runtime(model, cache_dir=cache)
+        runner = model._onnx_runner
+        assert runner.graph == graph and runner.path.name.endswith(f"-{graph}.onnx")
+        calls = Calls(model)
+        with torch.inference_mode():
+            assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
+        assert calls.count == 1
+    for fuse, graph in ((True, "fused"), (False, "plain")):  # no measurement
+        monkeypatch.setattr(runtime_onnx, "_speedup", None)
+        assert use_onnx_runtime(model, cache_dir=cache, fuse=fuse)._onnx_runner.graph == graph
+    with pytest.raises(ValueError, match="fuse='yes'"):
+        use_onnx_runtime(model, cache_dir=cache, fuse="yes")
+
+
 def test_a_model_without_an_encoder_is_refused():
-    with pytest.raises(ValueError, match="no vanilla encoder stack"):
+    with pytest.raises(ValueError, match="no vanilla encoder"):
         use_onnx_runtime(torch.nn.Linear(2, 2))
 
 
