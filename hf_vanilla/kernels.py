@@ -10,11 +10,12 @@ Which of the two is faster depends on the CPU, the shape, the number of rows, th
 Intel Xeon of issue 19, oneDNN lost 0.71x on MiniLM's 384 x 384 projections at 16 rows, where it gains on AMD, and
 no size threshold is right on both. So the choice is measured, per process, in the model (policy "measure", the
 default): for each key (in_features, out_features, rows rounded up to a power of two and capped at 1024, torch's
-thread count), the first `CALIBRATION_PAIRS` eligible calls run both kernels, in alternating order, timing each,
-and return F.linear's result; after them the key runs oneDNN only if the median of the paired ratios
-t_F.linear / t_oneDNN is at least `MIN_GAIN`. The margin means noise can only leave a product on F.linear (the
-kernel transformers' BERT uses), never move it to a slower one. A model's weights are cold when a layer runs, and
-the calibration calls see them so, as they are the model's own calls. `decisions()` shows what was decided.
+thread count), the first 2 x `CALIBRATION_CALLS` eligible calls time the two kernels in turn and all return
+F.linear's result; after them the key runs oneDNN only if F.linear's median time is at least `MIN_GAIN` times
+oneDNN's. The margin means noise can only leave a product on F.linear (the kernel transformers' BERT uses), never
+move it to a slower one. The timed kernel is always the first to read the weight in its call: inside a model the
+other layers' weights have passed through the cache since, and the calibration calls, being the model's own, see
+the weights as the model does. `decisions()` shows what was decided.
 
 `HF_VANILLA_LINEAR_KERNEL` (read at import) or `kernels.POLICY` chooses another policy: "blas" (F.linear always:
 bit for bit nn.Linear) or "onednn" (oneDNN for every eligible product, without measuring: the tests use it to run
@@ -62,12 +63,12 @@ if POLICY not in POLICIES:
 # Below this many weights oneDNN's fixed cost per call (~12 us, against MKL's ~3) cannot be won back: 32 x 32 runs at
 # 0.2-0.3x on AMD Zen 4 at every row count. Not measured, so that tiny models pay nothing for calibration.
 MIN_WEIGHTS = 2**12
-CALIBRATION_PAIRS = 6  # three with each kernel first
+CALIBRATION_CALLS = 6  # timed calls of each kernel: the first 12 eligible calls of a shape
 MIN_GAIN = 1.05
 MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance.md)
 
 _decisions: dict[tuple, bool] = {}  # key -> run oneDNN
-_trials: dict[tuple, list[float]] = {}  # key -> t_F.linear / t_oneDNN of each calibration pair so far
+_trials: dict[tuple, dict[str, list[float]]] = {}  # key -> seconds of each timed call so far, per kernel
 
 
 def decisions() -> dict[tuple, bool]:
@@ -92,18 +93,21 @@ def _key(x, weight) -> tuple:
 
 
 def _measure(key, x, weight, bias):
-    """One calibration pair: both kernels, the first alternating between pairs; F.linear's output is returned."""
-    trials = _trials.setdefault(key, [])
-    seconds = {}
-    for kernel in (_onednn_linear, nn.functional.linear)[:: 1 if len(trials) % 2 == 0 else -1]:
+    """One calibration call: alternately oneDNN or F.linear is timed, each as the first kernel to read the weight in
+    its call, as in the model (timing both on one call would time the second with the weight already in cache).
+    F.linear's output is returned either way."""
+    trials = _trials.setdefault(key, {"blas": [], "onednn": []})
+    if len(trials["onednn"]) <= len(trials["blas"]):
         start = time.perf_counter()
-        output = kernel(x, weight, bias)
-        seconds[kernel] = time.perf_counter() - start
-        if kernel is nn.functional.linear:
-            result = output
-    trials.append(seconds[nn.functional.linear] / max(seconds[_onednn_linear], 1e-9))
-    if len(trials) >= CALIBRATION_PAIRS:
-        _decisions[key] = statistics.median(trials) >= MIN_GAIN
+        _onednn_linear(x, weight, bias)
+        trials["onednn"].append(time.perf_counter() - start)
+        result = nn.functional.linear(x, weight, bias)
+    else:
+        start = time.perf_counter()
+        result = nn.functional.linear(x, weight, bias)
+        trials["blas"].append(time.perf_counter() - start)
+    if len(trials["blas"]) >= CALIBRATION_CALLS:
+        _decisions[key] = statistics.median(trials["blas"]) >= MIN_GAIN * statistics.median(trials["onednn"])
         _trials.pop(key, None)
     return result
 
