@@ -47,9 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .kernels import VanillaLinear, is_tracing
 from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
-from .validation import (
-    check_choices, check_eos_tokens, check_inputs, check_labels, check_sequence_labels, check_target,
-)
+from .validation import check_choices, check_eos_tokens, check_inputs, check_labels, check_sequence_labels, check_target
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Embeddings (sections 3.4 and 3.5)
