@@ -31,6 +31,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from . import configuration_vanilla, modeling_vanilla
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .modeling_vanilla import (
     VanillaDecoderForCausalLM,
@@ -89,25 +90,8 @@ for _config_class, _models in AUTO_CLASSES.items():
         _auto_class.register(_config_class, _model_class, exist_ok=True)
         _model_class.register_for_auto_class(_auto_class.__name__)
 
-__all__ = [
-    "AUTO_CLASSES",
-    "VanillaEncoderConfig",
-    "VanillaSeq2SeqConfig",
-    "VanillaPreTrainedModel",
-    "VanillaEncoderModel",
-    "VanillaEncoderForPreTraining",
-    "VanillaEncoderForMaskedLM",
-    "VanillaEncoderForCausalLM",
-    "VanillaEncoderForNextSentencePrediction",
-    "VanillaEncoderForSequenceClassification",
-    "VanillaEncoderForMultipleChoice",
-    "VanillaEncoderForTokenClassification",
-    "VanillaEncoderForQuestionAnswering",
-    "VanillaEncoderForReplacedTokenDetection",
-    "VanillaSeq2SeqModel",
-    "VanillaSeq2SeqForConditionalGeneration",
-    "VanillaSeq2SeqForSequenceClassification",
-    "VanillaSeq2SeqForQuestionAnswering",
-    "VanillaDecoderModel",
-    "VanillaDecoderForCausalLM",
-]
+# The public names: the Auto-class table, and each module's own `__all__` (the classes are listed once, where they are
+# defined).
+__all__ = ["AUTO_CLASSES"]
+__all__ += configuration_vanilla.__all__
+__all__ += modeling_vanilla.__all__

@@ -249,21 +249,21 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
         *_VanillaConfig._sizes, "decoder_layers", "decoder_attention_heads", "decoder_intermediate_size",
     )
 
+    # The paper's base model (Table 3): a 32k vocabulary shared by source and target, E 512, N 6, H 8, F 2048.
     vocab_size: int = 32000
     hidden_size: int = 512
     num_hidden_layers: int = 6
     num_attention_heads: int = 8
     intermediate_size: int = 2048
-    hidden_act: str = "relu"
-    hidden_dropout_prob: float | int = 0.1
-    # The paper drops sub-layer outputs and embedding sums (section 5.4), not attention weights.
-    attention_probs_dropout_prob: float | int = 0.0
+    # And the paper's choices where BERT's defaults differ, in the paper's order:
+    scale_embeddings: bool = True  # token embeddings times sqrt(E) (section 3.4)
+    embedding_layer_norm: bool = False  # the embedding sum goes to the first layer as it is
+    type_vocab_size: int = 0  # no segments
+    position_embedding_type: str = "sinusoidal"  # section 3.5
     max_position_embeddings: int = 1024
-    type_vocab_size: int = 0
-    layer_norm_eps: float = 1e-5
-    position_embedding_type: str = "sinusoidal"
-    embedding_layer_norm: bool = False
-    scale_embeddings: bool = True
+    hidden_act: str = "relu"  # FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)
+    attention_probs_dropout_prob: float | int = 0.0  # dropout on sub-layer outputs and embedding sums only (5.4)
+    layer_norm_eps: float = 1e-5  # as Marian and BART
 
     decoder_layers: int | None = None
     decoder_attention_heads: int | None = None

@@ -36,20 +36,10 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
-    BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
-    BaseModelOutputWithPoolingAndCrossAttentions,
-    CausalLMOutputWithCrossAttentions,
-    MaskedLMOutput,
-    ModelOutput,
-    MultipleChoiceModelOutput,
-    NextSentencePredictorOutput,
-    QuestionAnsweringModelOutput,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
-    Seq2SeqQuestionAnsweringModelOutput,
-    Seq2SeqSequenceClassifierOutput,
-    SequenceClassifierOutput,
+    BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions, MaskedLMOutput, ModelOutput, MultipleChoiceModelOutput,
+    NextSentencePredictorOutput, QuestionAnsweringModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput,
+    Seq2SeqQuestionAnsweringModelOutput, Seq2SeqSequenceClassifierOutput, SequenceClassifierOutput,
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -57,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .kernels import VanillaLinear, is_tracing
 from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
-from .validation import check_inputs, check_labels, check_sequence_labels
+from .validation import check_choices, check_eos_tokens, check_inputs, check_labels, check_sequence_labels, check_target
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Embeddings (sections 3.4 and 3.5)
@@ -506,12 +496,13 @@ class VanillaStack(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. Models
+# 6. Models: the shared base, then each family's body and its heads
 # ----------------------------------------------------------------------------------------------------------------
 
 
 class VanillaPreTrainedModel(PreTrainedModel):
-    """Weight initialisation, the capabilities transformers and Accelerate read, and what every head shares."""
+    """Weight initialisation, the capabilities transformers and Accelerate read, and what every head shares: its
+    losses and the building of its output."""
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -574,6 +565,14 @@ class VanillaPreTrainedModel(PreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    def _output(self, output_class, body_output, return_dict, **head_fields):
+        """A head's output: `output_class` holding the head's own fields (loss, logits, ...) and, for every other
+        field, the body's field of that name (hidden states, attentions, the cache, the encoder's states); as a
+        tuple where the caller (or the config) asks for one."""
+        carried = {name: getattr(body_output, name, None) for name in output_class.__dataclass_fields__}
+        output = output_class(**(carried | head_fields))
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
     def _causal_lm_loss(self, logits, labels, shift_labels=None):
         """Next-token cross-entropy: position t against labels[t + 1], or against `shift_labels[t]` when the caller
         shifted them already (as sequence and context parallelism must, each process holding a slice)."""
@@ -581,10 +580,6 @@ class VanillaPreTrainedModel(PreTrainedModel):
             return None
         check_labels(shift_labels, self.config.vocab_size, "vocab_size")
         return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
-
-    def _return(self, output: ModelOutput, return_dict):
-        """The output as a ModelOutput, or as a tuple where the caller (or the config) asks for one."""
-        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
     def _classification_loss(self, logits, labels):
         """Sequence classification's loss: regression (MSE), single-label (cross-entropy) or multi-label (binary
@@ -604,6 +599,14 @@ def span_logits(qa_outputs, hidden_states):
     """Extractive QA: a start and an end score per token, (B, T, E) -> two (B, T); the answer is the best span."""
     start_logits, end_logits = qa_outputs(hidden_states).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
     return start_logits.contiguous(), end_logits.contiguous()
+
+
+def classifier_layers(config, num_outputs: int):
+    """BERT's classification layer: dropout (`classifier_dropout`, or the hidden dropout when unset), then a linear
+    map (..., E) -> (..., num_outputs). A head holds the two as `dropout` and `classifier`, BERT's names, which its
+    checkpoints' keys follow."""
+    rate = config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+    return nn.Dropout(rate), VanillaLinear(config.hidden_size, num_outputs)
 
 
 class VanillaLMHead(nn.Module):
@@ -662,11 +665,8 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
         out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states)
-        pooled = torch.tanh(self.pooler(out.last_hidden_state[:, 0])) if self.pooler is not None else None
-        return self._return(BaseModelOutputWithPoolingAndCrossAttentions(
-            last_hidden_state=out.last_hidden_state, pooler_output=pooled, past_key_values=out.past_key_values,
-            hidden_states=out.hidden_states, attentions=out.attentions,
-        ), return_dict)
+        pooled = torch.tanh(self.pooler(out.last_hidden_state[:, 0])) if self.pooler is not None else None  # (B, E)
+        return self._output(BaseModelOutputWithPoolingAndCrossAttentions, out, return_dict, pooler_output=pooled)
 
 
 class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
@@ -680,9 +680,17 @@ class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
         super().__init__(config)
         self.model = VanillaEncoderModel(config, add_pooling_layer=self.uses_pooler)
 
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                output_hidden_states, **cache):
+        """The encoder's output for the head to read, always a ModelOutput (the head returns its own as a tuple
+        where asked). `cache`: the causal LM's `past_key_values` and `use_cache`."""
+        return self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **cache,
+                          output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                          return_dict=True)
+
     def _sentence(self, out):
-        """The sentence representation: the pooled [CLS] token, or its hidden state when the checkpoint has no
-        pooler (DistilBERT, ELECTRA)."""
+        """The sentence representation (B, E): the pooled [CLS] token, or its hidden state when the checkpoint has
+        no pooler (DistilBERT, ELECTRA)."""
         return out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
 
 
@@ -696,17 +704,14 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
         self.lm_head = VanillaLMHead(config, transform=True)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
-        logits = self.lm_head(out.last_hidden_state)
-        return self._return(MaskedLMOutput(loss=cross_entropy(logits, labels), logits=logits,
-                                           hidden_states=out.hidden_states, attentions=out.attentions), return_dict)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
+        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        return self._output(MaskedLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
 
 class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
@@ -726,19 +731,17 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         self.lm_head = VanillaLMHead(config, transform=True)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, past_key_values=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
-        """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here)."""
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                past_key_values=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
+        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values,
-                         use_cache=use_cache, output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states, past_key_values=past_key_values, use_cache=use_cache)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._return(CausalLMOutputWithCrossAttentions(
-            loss=self._causal_lm_loss(logits, labels, kwargs.get("shift_labels")), logits=logits,
-            past_key_values=out.past_key_values, hidden_states=out.hidden_states, attentions=out.attentions,
-        ), return_dict)
+        loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
 
 
 @dataclass
@@ -750,31 +753,6 @@ class VanillaForPreTrainingOutput(ModelOutput):
     seq_relationship_logits: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
-
-
-class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
-    """Does sentence B follow sentence A? Two logits (is next, is random) from the pooled [CLS] token, the second
-    objective BERT was pre-trained with (Devlin et al., 2019, section 3.1)."""
-
-    uses_pooler = True
-
-    def __init__(self, config: VanillaEncoderConfig):
-        super().__init__(config)
-        self.seq_relationship = VanillaLinear(config.hidden_size, 2)
-        self.post_init()
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
-        """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
-        check_labels(labels, 2, "the two next-sentence classes")
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
-        logits = self.seq_relationship(self._sentence(out))
-        return self._return(NextSentencePredictorOutput(loss=cross_entropy(logits, labels), logits=logits,
-                                                        hidden_states=out.hidden_states, attentions=out.attentions),
-                            return_dict)
 
 
 class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
@@ -789,25 +767,43 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
         self.seq_relationship = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, next_sentence_label=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, next_sentence_label=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
         """labels: (B, T) masked-LM targets (-100 elsewhere); next_sentence_label: (B,). The loss is their sum,
-        when both are given."""
+        when both are given. Returns prediction_logits (B, T, V) and seq_relationship_logits (B, 2)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         check_labels(next_sentence_label, 2, "the two next-sentence classes")
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
         prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
-        loss = None
-        if labels is not None and next_sentence_label is not None:
-            loss = cross_entropy(prediction_logits, labels) + cross_entropy(seq_relationship_logits, next_sentence_label)
-        return self._return(VanillaForPreTrainingOutput(
-            loss=loss, prediction_logits=prediction_logits, seq_relationship_logits=seq_relationship_logits,
-            hidden_states=out.hidden_states, attentions=out.attentions,
-        ), return_dict)
+        loss = None if labels is None or next_sentence_label is None else (
+            cross_entropy(prediction_logits, labels) + cross_entropy(seq_relationship_logits, next_sentence_label))
+        return self._output(VanillaForPreTrainingOutput, out, return_dict, loss=loss,
+                            prediction_logits=prediction_logits, seq_relationship_logits=seq_relationship_logits)
+
+
+class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
+    """Does sentence B follow sentence A? Two logits (is next, is random) from the pooled [CLS] token, the second
+    objective BERT was pre-trained with (Devlin et al., 2019, section 3.1)."""
+
+    uses_pooler = True
+
+    def __init__(self, config: VanillaEncoderConfig):
+        super().__init__(config)
+        self.seq_relationship = VanillaLinear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
+        check_labels(labels, 2, "the two next-sentence classes")
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
+        logits = self.seq_relationship(self._sentence(out))  # (B, 2)
+        loss = cross_entropy(logits, labels)
+        return self._output(NextSentencePredictorOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
@@ -818,27 +814,20 @@ class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
-        self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
+        self.num_labels = config.num_labels  # as on BERT's head; the loss reads config.num_labels
+        self.dropout, self.classifier = classifier_layers(config, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
-        """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label."""
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label. Returns logits
+        (B, num_labels)."""
         check_sequence_labels(self.config, labels)
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
         logits = self.classifier(self.dropout(self._sentence(out)))  # (B, num_labels)
-        return self._return(SequenceClassifierOutput(loss=self._classification_loss(logits, labels), logits=logits,
-                                                     hidden_states=out.hidden_states, attentions=out.attentions),
-                            return_dict)
-
-
-def _classifier_dropout(config):
-    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+        loss = self._classification_loss(logits, labels)
+        return self._output(SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
@@ -849,55 +838,43 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = VanillaLinear(config.hidden_size, 1)
+        self.dropout, self.classifier = classifier_layers(config, 1)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """input_ids, attention_mask, token_type_ids: (B, C, T); labels: (B,) the index of the right choice.
         Returns logits (B, C)."""
-        inputs = input_ids if input_ids is not None else inputs_embeds
-        if inputs is None or inputs.dim() < 3:
-            raise ValueError("Multiple choice takes input_ids of shape (batch, choices, length): one row per choice.")
-        B, C = inputs.shape[:2]
+        B, C = check_choices(input_ids, inputs_embeds)
         check_labels(labels, C, "the number of choices")
 
         def flat(x):  # (B, C, T, ...) -> (B * C, T, ...): every choice is a sequence of its own
             return None if x is None else x.reshape(B * C, *x.shape[2:])
 
-        out = self.model(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
-                         flat(inputs_embeds), output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True)
+        out = self._encode(*map(flat, (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)),
+                           output_attentions, output_hidden_states)
         logits = self.classifier(self.dropout(self._sentence(out))).view(B, C)  # (B * C, 1) -> (B, C)
-        return self._return(MultipleChoiceModelOutput(loss=cross_entropy(logits, labels), logits=logits,
-                                                      hidden_states=out.hidden_states, attentions=out.attentions),
-                            return_dict)
+        return self._output(MultipleChoiceModelOutput, out, return_dict, loss=cross_entropy(logits, labels),
+                            logits=logits)
 
 
 class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
-    """One label per token (named entities, parts of speech)."""
+    """One label per token (named entities, parts of speech), from the token's own hidden state."""
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
+        self.dropout, self.classifier = classifier_layers(config, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
         check_labels(labels, self.num_labels, "num_labels")
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
-        logits = self.classifier(self.dropout(out.last_hidden_state))
-        return self._return(TokenClassifierOutput(loss=cross_entropy(logits, labels), logits=logits,
-                                                  hidden_states=out.hidden_states, attentions=out.attentions),
-                            return_dict)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
+        return self._output(TokenClassifierOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
 
 class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
@@ -908,19 +885,17 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
         self.qa_outputs = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
         """start_positions, end_positions: (B,) token indices of the answer span (outside the input: ignored).
-        Returns two (B, T) logits."""
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
+        Returns start_logits and end_logits, (B, T) each."""
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
-        return self._return(QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
-                                                         hidden_states=out.hidden_states, attentions=out.attentions),
-                            return_dict)
+        return self._output(QuestionAnsweringModelOutput, out, return_dict, loss=loss, start_logits=start_logits,
+                            end_logits=end_logits)
 
 
 class VanillaReplacedTokenHead(nn.Module):
@@ -937,6 +912,16 @@ class VanillaReplacedTokenHead(nn.Module):
         return self.prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (..., 1) -> (...)
 
 
+def replaced_token_loss(logits, labels, attention_mask):
+    """ELECTRA's loss: binary cross-entropy of the (B, T) logits against 1 (replaced) / 0 (original), over real
+    tokens only: padding is neither original nor replaced."""
+    if labels is None:
+        return None
+    labels = labels.to(logits.device)
+    real = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask == 1
+    return nn.functional.binary_cross_entropy_with_logits(logits[real], labels[real].to(logits.dtype))
+
+
 class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
     """ELECTRA's discriminator (Clark et al., 2020, https://arxiv.org/abs/2003.10555, section 2): for every token,
     was it replaced by a small generator?
@@ -950,23 +935,15 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
         self.rtd_head = VanillaReplacedTokenHead(config)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T), 1 where the token was replaced and 0 where it is the original. Returns logits (B, T):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
-        out = self.model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+                           output_hidden_states)
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
-        loss = None
-        if labels is not None:
-            # Binary cross-entropy over real tokens only: padding is neither original nor replaced.
-            labels = labels.to(logits.device)
-            real = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask == 1
-            loss = nn.functional.binary_cross_entropy_with_logits(logits[real], labels[real].to(logits.dtype))
-        return self._return(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                                  attentions=out.attentions), return_dict)
+        loss = replaced_token_loss(logits, labels, attention_mask)
+        return self._output(TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 # ---- the encoder-decoder and its heads -------------------------------------------------------------------------
@@ -999,12 +976,6 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
             }
         self.post_init()
 
-    def get_encoder(self):
-        return self.encoder
-
-    def get_decoder(self):
-        return self.decoder
-
     def get_input_embeddings(self):
         return self.encoder.embeddings.word_embeddings
 
@@ -1019,17 +990,14 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
                 return_dict=None, **kwargs):
         """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
         segments. `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from
-        `return_dict=False`."""
+        `return_dict=False`. Returns the decoder's last_hidden_state (B, T, E), the encoder's (B, S, E), and the
+        cache, hidden states and attention weights of both stacks when asked."""
         if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
                                                    self.config.decoder_start_token_id)
         if encoder_outputs is None:
             # The target is checked first, so that a bad target stops the call before the encoder's kernels run.
-            cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-            check_inputs(self.config, is_decoder=True, input_ids=decoder_input_ids,
-                         inputs_embeds=decoder_inputs_embeds, token_type_ids=None, position_ids=None,
-                         attention_mask=decoder_attention_mask, cache=cache,
-                         past_length=cache.get_seq_length() if cache is not None else 0)
+            check_target(self.config, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, past_key_values)
             encoder_outputs = self.encoder(input_ids, attention_mask, token_type_ids, inputs_embeds=inputs_embeds,
                                            output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
@@ -1041,42 +1009,23 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
             past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        return self._return(Seq2SeqModelOutput(
-            last_hidden_state=decoder_out.last_hidden_state,
-            past_key_values=decoder_out.past_key_values,
-            decoder_hidden_states=decoder_out.hidden_states,
-            decoder_attentions=decoder_out.attentions,
-            cross_attentions=decoder_out.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-        ), return_dict)
-
-
-def _seq2seq_output(output_class, out, **fields):
-    """A Seq2Seq*Output carrying the model's decoder and encoder states along with the head's own fields."""
-    return output_class(
-        **fields, past_key_values=out.past_key_values, decoder_hidden_states=out.decoder_hidden_states,
-        decoder_attentions=out.decoder_attentions, cross_attentions=out.cross_attentions,
-        encoder_last_hidden_state=out.encoder_last_hidden_state, encoder_hidden_states=out.encoder_hidden_states,
-        encoder_attentions=out.encoder_attentions,
-    )
+        # The decoder's last_hidden_state, past_key_values and cross_attentions carry over by name; the rest:
+        return self._output(Seq2SeqModelOutput, decoder_out, return_dict,
+                            decoder_hidden_states=decoder_out.hidden_states, decoder_attentions=decoder_out.attentions,
+                            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+                            encoder_hidden_states=encoder_outputs.hidden_states,
+                            encoder_attentions=encoder_outputs.attentions)
 
 
 class VanillaSeq2SeqPreTrainedModel(VanillaPreTrainedModel):
-    """What every encoder-decoder head shares: the encoder-decoder as `self.model`."""
+    """What every encoder-decoder head shares: the encoder-decoder as `self.model`, whose `encoder` and `decoder`
+    transformers' `get_encoder()` and `get_decoder()` find by name."""
 
     config_class = VanillaSeq2SeqConfig
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
         self.model = VanillaSeq2SeqModel(config)
-
-    def get_encoder(self):
-        return self.model.encoder
-
-    def get_decoder(self):
-        return self.model.decoder
 
 
 class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, GenerationMixin):
@@ -1121,8 +1070,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
                          past_key_values, token_type_ids, inputs_embeds, decoder_inputs_embeds, use_cache,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._return(_seq2seq_output(Seq2SeqLMOutput, out, loss=cross_entropy(logits, labels),
-                                            logits=logits), return_dict)
+        return self._output(Seq2SeqLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
 
 class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
@@ -1141,25 +1089,17 @@ class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
                 encoder_outputs=None, token_type_ids=None, labels=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         """input_ids: (B, S), each row with the same number of `eos_token_id`s. Returns logits (B, num_labels)."""
-        if input_ids is None:
-            raise ValueError("Sequence classification reads the decoder state at the last eos token: pass input_ids.")
-        eos = input_ids == self.config.eos_token_id  # (B, S)
-        counts = eos.sum(1)
-        if not (counts > 0).all() or (counts != counts[0]).any():
-            raise ValueError(
-                f"Every row must hold the same, non-zero number of eos tokens (id {self.config.eos_token_id}), got "
-                f"{counts.tolist()}: let the tokenizer add them (add_special_tokens=True)."
-            )
+        check_eos_tokens(input_ids, self.config.eos_token_id)
         check_sequence_labels(self.config, labels)
         out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
                          token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
                          output_hidden_states=output_hidden_states, return_dict=True)
         B, _, E = out.last_hidden_state.shape
+        eos = input_ids == self.config.eos_token_id  # (B, S), the same count in every row
         last_eos = out.last_hidden_state[eos].view(B, -1, E)[:, -1]  # (B, E): the state at each row's last eos
         logits = self.classifier(self.dropout(torch.tanh(self.pooler(self.dropout(last_eos)))))  # (B, num_labels)
-        return self._return(_seq2seq_output(Seq2SeqSequenceClassifierOutput, out,
-                                            loss=self._classification_loss(logits, labels), logits=logits),
-                            return_dict)
+        loss = self._classification_loss(logits, labels)
+        return self._output(Seq2SeqSequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
 
 
 class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
@@ -1175,16 +1115,16 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
                 encoder_outputs=None, token_type_ids=None, start_positions=None, end_positions=None,
                 inputs_embeds=None, decoder_inputs_embeds=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
-        """start_positions, end_positions: (B,) token indices of the answer span. Returns two (B, T) logits."""
+        """start_positions, end_positions: (B,) token indices of the answer span. Returns start_logits and
+        end_logits, (B, T) each."""
         out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
-                         token_type_ids=token_type_ids, inputs_embeds=inputs_embeds,
-                         decoder_inputs_embeds=decoder_inputs_embeds, use_cache=False,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
+                         token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, use_cache=False,
+                         decoder_inputs_embeds=decoder_inputs_embeds, output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
-        return self._return(_seq2seq_output(Seq2SeqQuestionAnsweringModelOutput, out, loss=loss,
-                                            start_logits=start_logits, end_logits=end_logits), return_dict)
+        return self._output(Seq2SeqQuestionAnsweringModelOutput, out, return_dict, loss=loss,
+                            start_logits=start_logits, end_logits=end_logits)
 
 
 # ---- the decoder alone: a causal language model ----------------------------------------------------------------
@@ -1221,12 +1161,14 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        """Positions count from the start of the input, padding included, as BartForCausalLM's do (it takes no
-        `position_ids`, so neither does this: `generate` would pass positions without the table's offset)."""
+        """input_ids, attention_mask: (B, T). Returns last_hidden_state (B, T, E) and, when asked, the cache and
+        the hidden states and attention weights of every layer. Positions count from the start of the input,
+        padding included, as BartForCausalLM's do (it takes no `position_ids`, so neither does this: `generate`
+        would pass positions without the table's offset)."""
         out = self.decoder(input_ids, attention_mask, inputs_embeds=inputs_embeds,
                            past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states)
-        return self._return(out, return_dict)
+        return self._output(BaseModelOutputWithPastAndCrossAttentions, out, return_dict)
 
 
 class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
@@ -1242,20 +1184,16 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform)
         self.post_init()
 
-    def get_decoder(self):
-        return self.model.decoder
-
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, labels=None,
                 use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here)."""
+        """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
+        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self.model(input_ids, attention_mask, inputs_embeds, past_key_values, use_cache,
                          output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._return(CausalLMOutputWithCrossAttentions(
-            loss=self._causal_lm_loss(logits, labels, kwargs.get("shift_labels")), logits=logits,
-            past_key_values=out.past_key_values, hidden_states=out.hidden_states, attentions=out.attentions,
-        ), return_dict)
+        loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
 
 
 __all__ = [

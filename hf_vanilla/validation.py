@@ -8,8 +8,10 @@ offending value or shape, the limit, and the fix.
 What is checked: which of ids/embeddings is given; integer dtypes (int64 or int32, what `nn.Embedding` takes);
 shapes of every id tensor and mask (2-D padding masks of 1/0, or 4-D masks as transformers builds them); the range
 of token, segment and position ids; sequence length against the position table; mask values; labels against the
-number of classes. Shapes and dtypes are always checked; values cost one min/max reduction per tensor and are
-skipped while tracing, where a graph must not depend on them.
+number of classes; what a head needs of its input (multiple choice's (batch, choices, length) ids, the
+end-of-sequence tokens the encoder-decoder's classifier reads) and the encoder-decoder's target, before its encoder
+runs. Shapes and dtypes are always checked; values cost one min/max reduction per tensor and are skipped while
+tracing, where a graph must not depend on them.
 """
 
 import torch
@@ -93,6 +95,36 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         )
     _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
                  "pass positions below the table's length, or truncate the input")
+
+
+def check_target(config, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, past_key_values):
+    """The encoder-decoder's target, checked as its decoder will check it but before the encoder runs: a bad target
+    then stops the call before the encoder's kernels have run for nothing."""
+    cache = getattr(past_key_values, "self_attention_cache", past_key_values)
+    check_inputs(config, is_decoder=True, input_ids=decoder_input_ids, inputs_embeds=decoder_inputs_embeds,
+                 token_type_ids=None, position_ids=None, attention_mask=decoder_attention_mask, cache=cache,
+                 past_length=cache.get_seq_length() if cache is not None else 0)
+
+
+def check_choices(input_ids, inputs_embeds):
+    """Multiple choice encodes each (context, choice) pair as its own row: (B, C, T) ids. Returns (B, C)."""
+    inputs = input_ids if input_ids is not None else inputs_embeds
+    if inputs is None or inputs.dim() < 3:
+        raise ValueError("Multiple choice takes input_ids of shape (batch, choices, length): one row per choice.")
+    return tuple(inputs.shape[:2])
+
+
+def check_eos_tokens(input_ids, eos_token_id):
+    """The encoder-decoder's sequence classifier reads the decoder state at each row's last end-of-sequence token,
+    gathered as one (B, count) block: every row needs one, and the same number of them."""
+    if input_ids is None:
+        raise ValueError("Sequence classification reads the decoder state at the last eos token: pass input_ids.")
+    counts = (input_ids == eos_token_id).sum(1)
+    if not (counts > 0).all() or (counts != counts[0]).any():
+        raise ValueError(
+            f"Every row must hold the same, non-zero number of eos tokens (id {eos_token_id}), got "
+            f"{counts.tolist()}: let the tokenizer add them (add_special_tokens=True)."
+        )
 
 
 def check_labels(labels, num_classes, limit_name):
@@ -181,4 +213,7 @@ def _check_range(name, ids, limit, limit_name, fix):
         raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
 
 
-__all__ = ["IGNORE_INDEX", "check_inputs", "check_labels", "check_sequence_labels"]
+__all__ = [
+    "IGNORE_INDEX", "check_choices", "check_eos_tokens", "check_inputs", "check_labels", "check_sequence_labels",
+    "check_target",
+]

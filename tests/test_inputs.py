@@ -24,6 +24,7 @@ from hf_vanilla.modeling_vanilla import shift_tokens_right
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
+    VanillaEncoderForMultipleChoice,
     VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
@@ -479,6 +480,16 @@ def test_label_dtype_and_non_class_targets():
     assert torch.isfinite(regression(input_ids=ids(), labels=torch.tensor([-100.0, 7.5, 3.0])).loss)
     multi_label = head(VanillaEncoderForSequenceClassification, problem_type="multi_label_classification")
     assert torch.isfinite(multi_label(input_ids=ids(), labels=torch.rand(B, 3)).loss)
+
+
+def test_multiple_choice_refuses_a_batch_without_choices_and_labels_past_the_last_choice():
+    model = head(VanillaEncoderForMultipleChoice)
+    assert_refused(model, [r"shape \(batch, choices, length\)", "one row per choice"], input_ids=ids())
+    choices = ids(batch=B * 2).view(B, 2, T)  # (B, C=2, T)
+    assert_refused(model, [r"labels contains 2\b", r"\[0, 2\)", "the number of choices=2"], input_ids=choices,
+                   labels=torch.tensor([0, 1, 2]))
+    out = model(input_ids=choices, labels=torch.tensor([0, 1, 1]))
+    assert out.logits.shape == (B, 2) and torch.isfinite(out.loss)
 
 
 # ---- all-padding rows -----------------------------------------------------------------------------------------
