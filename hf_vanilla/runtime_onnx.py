@@ -228,7 +228,7 @@ class OnnxEncoderRunner:
         outputs = dict(zip(self.outputs, self.run(feeds)))
         if isinstance(unit, VanillaStack):
             return BaseModelOutputWithPastAndCrossAttentions(**outputs)
-        return unit._return(BaseModelOutputWithPoolingAndCrossAttentions(**outputs), get("return_dict"))
+        return unit._output(BaseModelOutputWithPoolingAndCrossAttentions, None, get("return_dict"), **outputs)
 
     def run(self, feeds: dict) -> list[torch.Tensor]:
         """The graph's outputs, (B, T, E) hidden states first: one call for a batch without end-padding to trim,
