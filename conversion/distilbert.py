@@ -39,7 +39,7 @@ HEADS = {
     "base": BASE_HEAD,
     "masked-lm": masked_lm_head("vocab_transform", "vocab_layer_norm", "vocab_projector",
                                 # stored by older writers
-                                tied={"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"}),
+                                tied={"vocab_projector.weight": "embeddings.word_embeddings.weight"}),
     # DistilBertForTokenClassification: dropout(config.dropout) then a linear classifier, as ours.
     # DistilBertForQuestionAnswering drops out at qa_dropout before qa_outputs; ours does not (training only:
     # the outputs are the same).
@@ -94,12 +94,8 @@ FORMAT = EncoderFormat(
     refused={
         "ForSequenceClassification": "its head (pre_classifier + ReLU + classifier on [CLS]) has no vanilla "
                                      "counterpart",
-        "ForMultipleChoice": "multiple choice has no vanilla head",
     },
     task_modules=("pre_classifier", "classifier"),  # the sequence-classification and multiple-choice heads
     vanilla_config=vanilla_config,
     source_config=source_config,
 )
-
-convert = FORMAT.convert
-to_distilbert = FORMAT.to_source

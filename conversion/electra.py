@@ -49,7 +49,7 @@ HEADS = {
     ),
     "masked-lm": masked_lm_head("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head",
                                 # stored by older writers
-                                tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"}),
+                                tied={"generator_lm_head.weight": "embeddings.word_embeddings.weight"}),
     **TASK_HEADS,
 }
 
@@ -83,13 +83,8 @@ FORMAT = EncoderFormat(
     heads=HEADS,
     refused={
         "ForSequenceClassification": "its head (dense + GELU + out_proj on [CLS]) has no vanilla counterpart",
-        "ForMultipleChoice": "multiple choice has no vanilla head",
-        "ForCausalLM": "it is a decoder",
     },
     task_modules=("classifier", "sequence_summary"),  # the sequence-classification and multiple-choice heads
     vanilla_config=vanilla_config,
     source_config=source_config,
 )
-
-convert = FORMAT.convert
-to_electra = FORMAT.to_source

@@ -37,7 +37,7 @@ HEADS = {
     "base": BASE_HEAD,
     # lm_head.bias is the decoder's bias. Older checkpoints also store the tied decoder weight and a copy of the bias.
     "masked-lm": masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head", tied={
-        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.weight": "embeddings.word_embeddings.weight",
         "lm_head.decoder.bias": "lm_head.bias",
     }),
     **TASK_HEADS,
@@ -76,18 +76,13 @@ FORMAT = EncoderFormat(
     title="RoBERTa",
     class_prefixes={"roberta": "Roberta", "xlm-roberta": "XLMRoberta"},
     prefix="roberta.",
-    encoder_table=tuple(ENCODER_TABLE),  # BERT's module names, pooler included
+    encoder_table=ENCODER_TABLE,  # BERT's module names, pooler included
     heads=HEADS,
     refused={
         "ForSequenceClassification": "its head (dense + tanh + out_proj on <s>) has no vanilla counterpart",
-        "ForMultipleChoice": "multiple choice has no vanilla head",
-        "ForCausalLM": "it is a decoder",
     },
     task_modules=("classifier",),  # RobertaClassificationHead: classifier.dense, classifier.out_proj
     vanilla_config=vanilla_config,
     source_config=source_config,
     limitations=LIMITATIONS,
 )
-
-convert = FORMAT.convert
-to_roberta = FORMAT.to_source

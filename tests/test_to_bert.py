@@ -222,7 +222,7 @@ def test_dtype_is_kept_unless_asked(tmp_path):
         ({"scale_embeddings": True}, "scale_embeddings=True"),
         ({"embedding_layer_norm": False}, "embedding_layer_norm=False"),
         ({"position_offset": 2}, r"position_offset=2 \(BERT numbers positions from 0"),
-        ({"embedding_size": 16}, r"embedding_size=16 \(BERT embeds at hidden_size=32\)"),
+        ({"embedding_size": 16}, r"embedding_size=16 \(BERT embeds at hidden_size=32; needs 32\)"),
         ({"type_vocab_size": 0}, "type_vocab_size=0"),
     ],
 )
@@ -252,7 +252,7 @@ def test_refuses_a_sequence_classifier_without_pooler(tmp_path, capsys):
 def test_refuses_sources_that_are_not_vanilla_encoders(tmp_path, capsys):
     transformers.BertModel(BertConfig(**TINY)).save_pretrained(tmp_path / "bert_source")
     assert main(["to-bert", "--source", str(tmp_path / "bert_source"), "--output", str(tmp_path / "out")]) == 2
-    assert "holds a 'bert' model; to-bert reads 'vanilla_encoder' checkpoints" in capsys.readouterr().err
+    assert "holds a 'bert' model, but the 'to-bert' converter reads 'vanilla_encoder'" in capsys.readouterr().err
     config = VanillaSeq2SeqConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=32)
     VanillaSeq2SeqForConditionalGeneration(config).save_pretrained(tmp_path / "seq2seq")
