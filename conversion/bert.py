@@ -24,15 +24,7 @@ from hf_vanilla import (
     VanillaEncoderForSequenceClassification,
 )
 
-from .common import (
-    BASE_HEAD,
-    TASK_HEADS,
-    EncoderFormat,
-    EncoderHead,
-    masked_lm_head,
-    require_fields,
-    require_token_types,
-)
+from .common import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).
 ENCODER_TABLE = (
@@ -88,24 +80,26 @@ def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
     return VanillaEncoderConfig(**{k: source[k] for k in SHARED_FIELDS if k in source})
 
 
-def source_config(config: VanillaEncoderConfig, head: str, model_type: str) -> BertConfig:
-    require_fields(config, {
+def fixed_values(config: VanillaEncoderConfig) -> dict:
+    return {
         "position_offset": (0, "BERT numbers positions from 0"),
         "embedding_size": (config.hidden_size, f"BERT embeds at hidden_size={config.hidden_size}"),
-    }, "BERT")
-    require_token_types(config, "BERT")
+    }
+
+
+def source_config(config: VanillaEncoderConfig, head: str, model_type: str) -> BertConfig:
     return BertConfig(**{k: getattr(config, k) for k in SHARED_FIELDS})
 
 
 FORMAT = EncoderFormat(
     name="bert",
     title="BERT",
-    class_prefixes={"bert": "Bert"},
-    prefix="bert.",
+    model_types=("bert",),
     encoder_table=ENCODER_TABLE,
     heads=HEADS,
     vanilla_config=vanilla_config,
     source_config=source_config,
+    fixed_values=fixed_values,
     mislabelled={"ForMaskedLM": ("pretraining", "cls.seq_relationship.weight")},
     decoder_hint="convert an encoder-decoder with the bert2bert sub-command, or warm-start one from an encoder with "
                  "`warm-start`.",

@@ -624,16 +624,17 @@ class EncoderFormat:
     Args:
         name: the sub-command ("roberta"); the reverse one is "to-" + name.
         title: how the format is called in messages ("RoBERTa").
-        class_prefixes: source `model_type` -> transformers class-name prefix ({"xlm-roberta": "XLMRoberta"});
-            the first is what the reverse conversion writes by default.
-        prefix: where the source's head models keep the encoder ("roberta."). Source keys are read without it
-            (transformers' loader accepts either too), and the reverse conversion writes it for head models.
+        model_types: the source `model_type`s the format reads ("roberta", "xlm-roberta"); the first is what the
+            reverse conversion writes by default. transformers names their classes (`class_prefix`) and where its
+            head models keep the encoder (`prefix`).
         encoder_table: source module -> ours within the base model, `{i}` marking the layer. A row whose target is
             "pooler" is used only by heads that read the pooler (the base model's, when the checkpoint has one).
         heads: head name (the --head choice) -> `EncoderHead`.
         vanilla_config: (full source config dict, head) -> `VanillaEncoderConfig`; raises `ConversionError`.
         source_config: (`VanillaEncoderConfig`, head, model_type) -> the transformers config; raises
-            `ConversionError` for what the format cannot express beyond what every format checks.
+            `ConversionError` for what the format cannot express beyond `fixed_values` and what every format checks.
+        fixed_values: (`VanillaEncoderConfig`) -> {field: (value, why)}: our config fields that the format computes
+            with one value only; the reverse conversion refuses any other, every such field named at once.
         refused: source class suffix -> why that head cannot be expressed (the message adds the way out); merged
             over `UNCONVERTED_CLASSES` for the suffixes `heads` lacks.
         task_modules: source modules of the refused heads ("classifier" for RoBERTa's dense + out_proj): left out,
@@ -650,12 +651,12 @@ class EncoderFormat:
 
     name: str
     title: str
-    class_prefixes: dict
-    prefix: str
+    model_types: tuple
     encoder_table: tuple
     heads: dict
     vanilla_config: object
     source_config: object
+    fixed_values: object
     refused: dict = field(default_factory=dict)
     task_modules: tuple = ()
     mislabelled: dict = field(default_factory=dict)
@@ -665,10 +666,23 @@ class EncoderFormat:
 
     # ---- names and tables ----
 
+    @staticmethod
+    def class_prefix(model_type: str) -> str:
+        """What transformers' classes of `model_type` start with ("xlm-roberta" -> "XLMRoberta")."""
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        return MODEL_MAPPING_NAMES[model_type].removesuffix("Model")
+
     def source_class(self, model_type: str, head: str):
         import transformers
 
-        return getattr(transformers, self.class_prefixes[model_type] + self.heads[head].source_suffix)
+        return getattr(transformers, self.class_prefix(model_type) + self.heads[head].source_suffix)
+
+    @property
+    def prefix(self) -> str:
+        """Where the source's head models keep the encoder ("roberta."): source keys are read without it
+        (transformers' loader accepts either too), and the reverse conversion writes it for head models."""
+        return self.source_class(self.model_types[0], "base").base_model_prefix + "."
 
     def reads_pooler(self, head: str) -> bool:
         """Whether `head` keeps the source's pooler: the base model (when it has one) and heads that read it."""
@@ -679,8 +693,9 @@ class EncoderFormat:
         if requested != "auto":
             return requested
         model_type = source_config["model_type"]
-        architecture = (source_config.get("architectures") or [self.class_prefixes[model_type] + "Model"])[0]
-        prefix = max((p for p in self.class_prefixes.values() if architecture.startswith(p)), key=len, default="")
+        architecture = (source_config.get("architectures") or [self.class_prefix(model_type) + "Model"])[0]
+        prefixes = [self.class_prefix(t) for t in self.model_types]
+        prefix = max((p for p in prefixes if architecture.startswith(p)), key=len, default="")
         suffix = architecture.removeprefix(prefix)
         heads = {spec.source_suffix: head for head, spec in self.heads.items()}
         refused = {s: why for s, why in (UNCONVERTED_CLASSES | self.refused).items() if s not in heads}
@@ -774,7 +789,7 @@ class EncoderFormat:
         """Source checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
         from transformers import AutoConfig
 
-        source_dir, raw_config = read_source(source, tuple(self.class_prefixes), self.name)
+        source_dir, raw_config = read_source(source, self.model_types, self.name)
         # Fields left at their defaults may be missing from config.json: read them from the source's config class.
         try:
             source_config = AutoConfig.for_model(**raw_config).to_dict()
@@ -818,7 +833,7 @@ class EncoderFormat:
                 f"{source_dir} is a {architecture!r}, which has no {self.title} counterpart; to-{self.name} converts "
                 f"{sorted(spec.model_class.__name__ for spec in self.heads.values())}."
             )
-        spec, model_type = self.heads[head], model_type or next(iter(self.class_prefixes))
+        spec, model_type = self.heads[head], model_type or self.model_types[0]
         source_class = self.source_class(model_type, head)
         tied = spec.model_class._tied_weights_keys or {}
         needed = {
@@ -831,7 +846,14 @@ class EncoderFormat:
             needed["use_pooler"] = (True, f"{source_class.__name__} reads its pooler")
         if tied:
             needed["tie_word_embeddings"] = (True, f"{self.title}'s MLM decoder is the word embedding matrix")
-        require_fields(config, needed, self.title)
+        refusals = [f"{name}={getattr(config, name)!r} ({why}; needs {value!r})"
+                    for name, (value, why) in (needed | self.fixed_values(config)).items()
+                    if getattr(config, name) != value]
+        # BERT, RoBERTa and ELECTRA always add a token type vector; DistilBERT (no such field) has none.
+        if config.type_vocab_size == 0 and hasattr(source_class.config_class(), "type_vocab_size"):
+            refusals.append(f"type_vocab_size=0 ({self.title} always adds a token type embedding; needs >= 1)")
+        if refusals:  # every field at once, so that one fix is enough
+            raise ConversionError(f"This model cannot be expressed as {self.title}:\n  " + "\n  ".join(refusals))
         target_config = self.source_config(config, head, model_type)
         target_config.architectures = [source_class.__name__]
         tensors = load_tensors(source_dir)
@@ -867,20 +889,3 @@ def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,
             f"{lm_head_name} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
             f"({hidden_act!r}): {way_out}."
         )
-
-
-def require_token_types(config, title: str) -> None:
-    """BERT's embeddings always add a token type vector (RoBERTa's and ELECTRA's too); a model without token types
-    (`type_vocab_size=0`, as converted from DistilBERT) cannot be written as one."""
-    if config.type_vocab_size == 0:
-        raise ConversionError(f"This model cannot be expressed as {title}:\n  type_vocab_size=0 ({title} always adds "
-                              f"a token type embedding; needs >= 1)")
-
-
-def require_fields(config, needed: dict, target: str) -> None:
-    """Refuse a config whose fields are not the values `target` computes with: {field: (value, why)} ->
-    one ConversionError naming every such field, its value, why and the value needed."""
-    refusals = [f"{name}={getattr(config, name)!r} ({why}; needs {value!r})"
-                for name, (value, why) in needed.items() if getattr(config, name) != value]
-    if refusals:
-        raise ConversionError(f"This model cannot be expressed as {target}:\n  " + "\n  ".join(refusals))

@@ -23,15 +23,7 @@ refused; the encoder of such a checkpoint converts with `--head base`.
 from hf_vanilla import VanillaEncoderConfig
 
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .common import (
-    BASE_HEAD,
-    TASK_HEADS,
-    EncoderFormat,
-    masked_lm_head,
-    require_fields,
-    require_gelu_lm_head,
-    require_token_types,
-)
+from .common import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
 
 HEADS = {
     "base": BASE_HEAD,
@@ -57,14 +49,16 @@ def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
     return VanillaEncoderConfig(**fields, position_offset=source["pad_token_id"] + 1)
 
 
+def fixed_values(config: VanillaEncoderConfig) -> dict:
+    return {
+        "position_offset": (config.pad_token_id + 1, "RoBERTa numbers positions from pad_token_id + 1"),
+        "embedding_size": (config.hidden_size, "RoBERTa embeds at the model width"),
+    }
+
+
 def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
     from transformers import AutoConfig
 
-    require_fields(config, {
-        "position_offset": (config.pad_token_id + 1, "RoBERTa numbers positions from pad_token_id + 1"),
-        "embedding_size": (config.hidden_size, "RoBERTa embeds at the model width"),
-    }, "RoBERTa")
-    require_token_types(config, "RoBERTa")
     require_gelu_lm_head(config.hidden_act, head, "RoBERTa's MLM head",
                          way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
@@ -74,8 +68,7 @@ def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
 FORMAT = EncoderFormat(
     name="roberta",
     title="RoBERTa",
-    class_prefixes={"roberta": "Roberta", "xlm-roberta": "XLMRoberta"},
-    prefix="roberta.",
+    model_types=("roberta", "xlm-roberta"),
     encoder_table=ENCODER_TABLE,  # BERT's module names, pooler included
     heads=HEADS,
     refused={
@@ -84,5 +77,6 @@ FORMAT = EncoderFormat(
     task_modules=("classifier",),  # RobertaClassificationHead: classifier.dense, classifier.out_proj
     vanilla_config=vanilla_config,
     source_config=source_config,
+    fixed_values=fixed_values,
     limitations=LIMITATIONS,
 )

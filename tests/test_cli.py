@@ -59,7 +59,7 @@ def test_head_and_model_type_choices_are_the_converters():
                "distilbert": conversion.distilbert.FORMAT, "electra": conversion.electra.FORMAT}
     for name, (_, heads, model_types) in ENCODER_FORMATS.items():
         assert list(heads) == list(formats[name].heads), name
-        assert list(model_types) == list(formats[name].class_prefixes), name
+        assert list(model_types) == list(formats[name].model_types), name
 
 
 def test_in_process_conversion(tmp_path, capsys):
