@@ -106,7 +106,6 @@ FORMAT = EncoderFormat(
     relative_tolerance=True,
 )
 
-# The names tests, benchmarks and examples call (the format's machinery under BERT's names).
+# The format's machinery under the names benchmarks/ and tests/ call it by.
 convert = FORMAT.convert
-to_bert = FORMAT.to_source
 bert_to_vanilla = FORMAT.to_vanilla
