@@ -188,6 +188,14 @@ def test_untied_decoder_refused(tmp_path, source, capsys):
                    "bert", "--source", source, "--output", output)
 
 
+
+def test_a_tied_copy_stands_in_for_its_missing_original(tmp_path, source, capsys):
+    """Some writers keep BERT's MLM bias only as the decoder's (`cls.predictions.decoder.bias`): transformers loads
+    it as the head's bias, and so does the converter (the parity check confirms it)."""
+    edit_tensors(source, lambda t: t.update({"cls.predictions.decoder.bias": t.pop("cls.predictions.bias")}))
+    assert main(["bert", "--source", str(source), "--output", str(tmp_path / "out")]) == 0
+    assert "OK: max |diff|" in capsys.readouterr().out
+
 @pytest.mark.parametrize(
     ("model", "model_type"),
     [
