@@ -60,23 +60,19 @@ def _encoder_commands(subparsers, name: str, title: str, heads: tuple, model_typ
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help=f"skip the layer-by-layer comparison with transformers' {title}")
-    parser.set_defaults(run=lambda a: _converter(name).convert(a.source, a.output, a.head, a.dtype, a.force, a.verify,
-                                                               command=a.command))
+    parser.set_defaults(run=lambda a: _converter(name).FORMAT.convert(a.source, a.output, a.head, a.dtype, a.force,
+                                                                      a.verify, command=a.command))
 
     parser = subparsers.add_parser(f"to-{name}", help=f"a vanilla encoder checkpoint -> a transformers {title} "
                                                       f"checkpoint")
     _io_arguments(parser, "vanilla encoder checkpoint directory")
-    if name == "bert":
-        parser.add_argument("--dtype", default=None, choices=DTYPES,
-                            help="dtype of the saved weights (default: as stored, which makes the round trip exact)")
-        parser.add_argument("--no-verify", dest="verify", action="store_false",
-                            help="skip loading the written BERT with transformers and comparing it with the source")
-        parser.set_defaults(run=lambda a: _converter("bert").to_bert(a.source, a.output, a.force, a.dtype, a.verify))
-    else:
-        parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
-        parser.add_argument("--model-type", default=model_types[0], choices=model_types, help="the model_type to write")
-        parser.set_defaults(run=lambda a: _converter(name).FORMAT.to_source(a.source, a.output, a.force, a.dtype,
-                                                                            a.model_type))
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="dtype of the saved weights (default: as stored, which makes the round trip exact)")
+    parser.add_argument("--model-type", default=model_types[0], choices=model_types, help="the model_type to write")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help=f"skip loading the written {title} with transformers and comparing it with the source")
+    parser.set_defaults(run=lambda a: _converter(name).FORMAT.to_source(a.source, a.output, a.force, a.dtype,
+                                                                        a.model_type, a.verify))
 
 
 def _seq2seq_commands(subparsers) -> None:

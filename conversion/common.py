@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from hf_vanilla import (
+    VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
     VanillaEncoderForQuestionAnswering,
     VanillaEncoderForTokenClassification,
@@ -280,6 +281,36 @@ def map_tensors(source: dict, modules: dict[str, str], dropped: dict[str, str]) 
     return mapped, unknown
 
 
+def untie(tensors: dict, tied: dict[str, str], title: str, way_out: str) -> None:
+    """Drop from `tensors` the stored copies of tied weights ({copy: original}), each checked equal to its original:
+    a copy that differs means an untied checkpoint, which a head that ties them would silently change. A copy whose
+    original is missing stands in for it, as transformers' loader lets it."""
+    for copy, original in tied.items():
+        if copy not in tensors:
+            continue
+        tensor = tensors.pop(copy)
+        if original not in tensors:
+            tensors[original] = tensor
+        elif not torch.equal(tensor, tensors[original]):
+            raise ConversionError(f"{copy} differs from {original}, the weight it is tied to: the checkpoint is "
+                                  f"untied, and {title}'s head ties them. {way_out}")
+
+
+def source_namer(table: dict[str, str], checkpoint_names: dict[str, str] | None = None):
+    """For error messages: target key -> the source key it is read from (through `table`, source module -> target
+    module), as the checkpoint spells it when `checkpoint_names` knows it."""
+    inverse = {target: source for source, target in table.items()}
+
+    def source_name(key: str) -> str | None:
+        module, _, leaf = key.rpartition(".")
+        if module not in inverse:
+            return None
+        name = f"{inverse[module]}.{leaf}"
+        return (checkpoint_names or {}).get(name, name)
+
+    return source_name
+
+
 def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: list[str], source_name=None):
     """Build `model_class(config)` on the meta device and give it `tensors` without copying them.
 
@@ -467,7 +498,7 @@ def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int 
     attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
     input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if config.type_vocab_size > 1:
+    if getattr(config, "type_vocab_size", 0) > 1:  # DistilBERT's config has no token types at all
         second = (torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)
         batch["token_type_ids"] = second.long()
     return batch
@@ -524,7 +555,7 @@ def write_source_format(output: str, force: bool, source_dir: Path, model, verif
     return Path(output)
 
 
-# ---- BERT-family encoders: one flow for RoBERTa, DistilBERT and ELECTRA ------------------------------------------
+# ---- BERT-family encoders: one flow for BERT, RoBERTa, DistilBERT and ELECTRA -------------------------------------
 
 
 @dataclass(frozen=True)
@@ -532,17 +563,22 @@ class EncoderHead:
     """One head of a BERT-family format.
 
     Args:
-        model_class: the vanilla model that holds it.
+        model_class: the vanilla model that holds it. Whether the head reads the pooler is the class's
+            `uses_pooler`: then the source's pooler is converted with it, otherwise left out.
         source_suffix: the transformers class name after the family prefix ("ForMaskedLM" -> RobertaForMaskedLM).
         table: source module -> ours, for the head's own modules (outside the base model).
-        tied: source key -> the key it duplicates. Older checkpoints store tied weights twice; each copy must equal
-            its original (else the checkpoint is untied and refused) and is then dropped.
+        tied: source key -> the key it duplicates (keys without the format's prefix). Older checkpoints store tied
+            weights twice; each copy must equal its original (else the checkpoint is untied and refused) and is then
+            dropped; a copy whose original is missing stands in for it.
+        causal: the head reads a stack masked to the past (BERT's `BertLMHeadModel`): the converted config gets
+            `is_decoder=True`.
     """
 
     model_class: type
     source_suffix: str
     table: tuple = ()
     tied: dict = field(default_factory=dict)
+    causal: bool = False
 
 
 # The encoder alone, which every format has.
@@ -567,134 +603,200 @@ TASK_HEADS = {
     ),
 }
 
+# transformers' classes of the family that a format without the matching head refuses, and why (`EncoderFormat`).
+UNCONVERTED_CLASSES = {
+    "ForMultipleChoice": "this format's multiple-choice head is not converted",
+    "ForCausalLM": "it is a decoder",
+}
+
 
 @dataclass(frozen=True)
 class EncoderFormat:
     """A BERT-family source format as data; the methods convert it to a vanilla encoder and back, and check parity.
 
-    A format module (conversion/roberta.py, distilbert.py, electra.py) fills one in: its key tables, its heads, and
-    how its config maps onto `VanillaEncoderConfig` and back. The flow is shared so that the formats behave alike:
-    the same strictness (every source tensor mapped or dropped with a reason, every target tensor filled, shapes
-    checked), the same atomic output, the same layer-by-layer verification, and the reverse conversion built from
-    the same table, inverted.
+    A format module (conversion/bert.py, roberta.py, distilbert.py, electra.py) fills one in: its key tables, its
+    heads, and how its config maps onto `VanillaEncoderConfig` and back. The flow is shared so that the formats behave
+    alike: the same strictness (every source tensor mapped or dropped with a reason, every target tensor filled,
+    shapes checked, errors naming the checkpoint's own keys), the same atomic output, the same layer-by-layer
+    verification, and the reverse conversion built from the same table, inverted, and checked by loading what it
+    wrote with transformers.
 
     Args:
         name: the sub-command ("roberta"); the reverse one is "to-" + name.
         title: how the format is called in messages ("RoBERTa").
-        class_prefixes: source `model_type` -> transformers class-name prefix ({"xlm-roberta": "XLMRoberta"});
-            the first is what the reverse conversion writes by default.
-        prefix: where the source's head models keep the encoder ("roberta.").
+        model_types: the source `model_type`s the format reads ("roberta", "xlm-roberta"); the first is what the
+            reverse conversion writes by default. transformers names their classes (`class_prefix`) and where its
+            head models keep the encoder (`prefix`).
         encoder_table: source module -> ours within the base model, `{i}` marking the layer. A row whose target is
-            "pooler" is used by the base model only: transformers' head models build no pooler.
+            "pooler" is used only by heads that read the pooler (the base model's, when the checkpoint has one).
         heads: head name (the --head choice) -> `EncoderHead`.
-        refused: source class suffix -> why that head cannot be expressed (the message adds the way out).
-        task_modules: source modules of the refused heads ("classifier" for RoBERTa's dense + out_proj): left out,
-            with every other head's modules, when the encoder alone is converted (--head base).
         vanilla_config: (full source config dict, head) -> `VanillaEncoderConfig`; raises `ConversionError`.
         source_config: (`VanillaEncoderConfig`, head, model_type) -> the transformers config; raises
-            `ConversionError` for what the format cannot express.
+            `ConversionError` for what the format cannot express beyond `fixed_values` and what every format checks.
+        fixed_values: (`VanillaEncoderConfig`) -> {field: (value, why)}: our config fields that the format computes
+            with one value only; the reverse conversion refuses any other, every such field named at once.
+        refused: source class suffix -> why that head cannot be expressed (the message adds the way out); merged
+            over `UNCONVERTED_CLASSES` for the suffixes `heads` lacks.
+        task_modules: source modules of the refused heads ("classifier" for RoBERTa's dense + out_proj): left out,
+            with every other head's modules, when the encoder alone is converted (--head base).
+        mislabelled: source class suffix -> (head, key): a checkpoint whose `architectures` names that class but
+            that stores `key` holds `head` (bert-base-uncased says BertForMaskedLM and is BERT's whole pre-training
+            model), which `--head auto` converts so that nothing it holds is thrown away.
+        decoder_hint: the way out named when a decoder (cross-attention, or a causal stack where no head is
+            causal) is refused.
+        relative_tolerance: compare head outputs within the tolerance times their magnitude (BERT's MLM logits over
+            a 30k vocabulary reach tens) rather than within 5x the tolerance (`compare`).
         limitations: appended to the converted model card's parity section.
     """
 
     name: str
     title: str
-    class_prefixes: dict
-    prefix: str
+    model_types: tuple
     encoder_table: tuple
     heads: dict
-    refused: dict
     vanilla_config: object
     source_config: object
+    fixed_values: object
+    refused: dict = field(default_factory=dict)
     task_modules: tuple = ()
+    mislabelled: dict = field(default_factory=dict)
+    decoder_hint: str = "only encoders convert."
+    relative_tolerance: bool = False
     limitations: str = ""
 
-    # ---- names ----
+    # ---- names and tables ----
+
+    @staticmethod
+    def class_prefix(model_type: str) -> str:
+        """What transformers' classes of `model_type` start with ("xlm-roberta" -> "XLMRoberta")."""
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        return MODEL_MAPPING_NAMES[model_type].removesuffix("Model")
 
     def source_class(self, model_type: str, head: str):
         import transformers
 
-        return getattr(transformers, self.class_prefixes[model_type] + self.heads[head].source_suffix)
+        return getattr(transformers, self.class_prefix(model_type) + self.heads[head].source_suffix)
 
-    def head_for(self, source_config: dict, requested: str) -> str:
+    @property
+    def prefix(self) -> str:
+        """Where the source's head models keep the encoder ("roberta."): source keys are read without it
+        (transformers' loader accepts either too), and the reverse conversion writes it for head models."""
+        return self.source_class(self.model_types[0], "base").base_model_prefix + "."
+
+    def reads_pooler(self, head: str) -> bool:
+        """Whether `head` keeps the source's pooler: the base model (when it has one) and heads that read it."""
+        return head == "base" or self.heads[head].model_class.uses_pooler
+
+    def head_for(self, source_config: dict, requested: str, tensors: dict) -> str:
+        """The head to build: as requested, else as the source's `architectures` says (see `mislabelled`)."""
         if requested != "auto":
             return requested
         model_type = source_config["model_type"]
-        architecture = (source_config.get("architectures") or [self.class_prefixes[model_type] + "Model"])[0]
-        prefix = max((p for p in self.class_prefixes.values() if architecture.startswith(p)), key=len, default="")
+        architecture = (source_config.get("architectures") or [self.class_prefix(model_type) + "Model"])[0]
+        prefixes = [self.class_prefix(t) for t in self.model_types]
+        prefix = max((p for p in prefixes if architecture.startswith(p)), key=len, default="")
         suffix = architecture.removeprefix(prefix)
-        if suffix in self.refused:
+        heads = {spec.source_suffix: head for head, spec in self.heads.items()}
+        refused = {s: why for s, why in (UNCONVERTED_CLASSES | self.refused).items() if s not in heads}
+        if suffix in refused:
             raise ConversionError(
-                f"{architecture} cannot be converted: {self.refused[suffix]}. Convert the encoder alone with "
+                f"{architecture} cannot be converted: {refused[suffix]}. Convert the encoder alone with "
                 f"--head base (its task head is then dropped)."
             )
-        for head, spec in self.heads.items():
-            if spec.source_suffix == suffix:
+        if suffix in self.mislabelled:
+            head, key = self.mislabelled[suffix]
+            if any(name.endswith(key) for name in tensors):
                 return head
-        raise ConversionError(
-            f"No vanilla head matches the source architecture {architecture!r}; pass --head with one of "
-            f"{sorted(self.heads)} (e.g. --head base for the encoder alone)."
-        )
+        if suffix not in heads:
+            raise ConversionError(
+                f"No vanilla head matches the source architecture {architecture!r}; pass --head with one of "
+                f"{sorted(self.heads)} (e.g. --head base for the encoder alone)."
+            )
+        return heads[suffix]
 
-    def key_table(self, num_layers: int, head: str) -> dict[str, str]:
-        """Source module -> ours, with the head models' prefixes (`roberta.` there, `model.` here)."""
-        source_prefix, our_prefix = ("", "") if head == "base" else (self.prefix, "model.")
-        rows = [row for row in self.encoder_table if head == "base" or row[1] != "pooler"]
+    def key_table(self, num_layers: int, head: str, source_prefix: str = "") -> dict[str, str]:
+        """Source module -> ours for every module of `head`; `source_prefix` ("roberta.") is what the source's head
+        models put before the encoder's modules, as `model.` does before ours."""
+        our_prefix = "" if head == "base" else "model."
+        rows = [row for row in self.encoder_table if row[1] != "pooler" or self.reads_pooler(head)]
         table = {source_prefix + s: our_prefix + o for s, o in expand_table(rows, num_layers).items()}
         table.update(expand_table(list(self.heads[head].table), 0))
         return table
 
     def dropped_keys(self, head: str) -> dict[str, str]:
-        """Source key prefixes left out on purpose, with the reason."""
-        source_prefix = "" if head == "base" else self.prefix
-        dropped = {source_prefix + key: why for key, why in BUFFERS.items()}
-        if head != "base":
-            dropped[self.prefix + "pooler."] = "a pooler, which transformers' head models do not build or use"
-        else:  # the encoder alone: every task head is left out (a head requested by name is converted strictly)
-            modules = [module for spec in self.heads.values() for module, _ in spec.table] + list(self.task_modules)
-            dropped.update({module + ".": "a task head, left out by --head base" for module in modules})
+        """Source key prefixes (without the format's prefix) left out on purpose, with the reason: the buffers, an
+        unread pooler, and the modules of the other heads (a pre-training checkpoint holds two)."""
+        dropped = dict(BUFFERS)
+        if not self.reads_pooler(head):
+            dropped["pooler."] = f"the pooler, which neither {self.title}'s {head} model nor ours builds or reads"
+        own = {module for module, _ in self.heads[head].table}
+        others = [module for spec in self.heads.values() for module, _ in spec.table]
+        for module in others + (list(self.task_modules) if head == "base" else []):
+            if module not in own:
+                dropped.setdefault(module + ".", f"a head other than the requested --head {head}")
         return dropped
 
     # ---- source -> vanilla ----
 
+    def encoder_config(self, source_config: dict, head: str) -> VanillaEncoderConfig:
+        """The source's config (a dict) as ours, refused if a vanilla encoder cannot compute what it describes."""
+        from huggingface_hub.errors import StrictDataclassError
+
+        causal = any(spec.causal for spec in self.heads.values())  # the format carries `is_decoder` over
+        require_encoder(source_config, self.title, self.decoder_hint, causal=causal)
+        try:
+            config = self.vanilla_config(source_config, head)
+            config.check_architecture()
+        except (ValueError, StrictDataclassError) as error:
+            raise ConversionError(f"The source's config.json describes no valid encoder: {error}") from None
+        return config
+
     def to_vanilla(self, tensors: dict, source_config: dict, head: str):
         """In memory: source tensors and full config dict -> a vanilla model sharing their storage."""
-        require_encoder(source_config, self.title)
-        config = self.vanilla_config(source_config, head)
-        tensors = normalise_keys(tensors, self.prefix if head == "base" else "")
-        for copy, original in self.heads[head].tied.items():
-            if copy in tensors and original in tensors and not torch.equal(tensors[copy], tensors[original]):
-                raise ConversionError(
-                    f"{copy} differs from {original}: the checkpoint is untied, and the vanilla head ties them, as "
-                    f"{self.title} does. Convert with --head base to keep the encoder only."
-                )
-            tensors.pop(copy, None)
-        # Only a base model saved with its pooler gets one (RobertaModel(add_pooling_layer=False) has none).
-        config.use_pooler = head == "base" and "pooler.dense.weight" in tensors
-        mapped, unknown = map_tensors(tensors, self.key_table(config.num_hidden_layers, head), self.dropped_keys(head))
-        model = build_model(self.heads[head].model_class, config, mapped, unknown)
-        model.config.architectures = [self.heads[head].model_class.__name__]
+        config = self.encoder_config(source_config, head)
+        spec = self.heads[head]
+        normalised = normalise_keys(tensors, self.prefix)
+        checkpoint_names = dict(zip(normalised, tensors))  # for messages: the names the user's checkpoint has
+        untie(normalised, spec.tied, self.title, "Convert with --head base to keep the encoder only.")
+        # A base model has a pooler when saved with one (BertModel(add_pooling_layer=False) has none); a head that
+        # reads it needs it (a checkpoint without one is reported as missing it); other heads never build one.
+        pooler = [f"{module}.weight" for module, ours in self.encoder_table if ours == "pooler"]
+        config.use_pooler = self.reads_pooler(head) and (head != "base" or any(k in normalised for k in pooler))
+        if spec.causal:
+            config.is_decoder = True
+        table = self.key_table(config.num_hidden_layers, head)
+        mapped, unknown = map_tensors(normalised, table, self.dropped_keys(head))
+        unknown = [checkpoint_names.get(key, key) for key in unknown]
+        model = build_model(spec.model_class, config, mapped, unknown, source_namer(table, checkpoint_names))
+        model.config.architectures = [spec.model_class.__name__]
         return model
 
     def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str, tolerance: float = 1e-5):
         """transformers' model (loaded from the source's `tensors`) and ours on a right-padded batch: every layer's
-        hidden states within `tolerance`, head outputs within 5x `tolerance` (`compare`). Returns (ok, summary)."""
+        hidden states within `tolerance`, head outputs as `relative_tolerance` says (`compare`). Returns
+        (ok, summary)."""
         reference_class = self.source_class(model_type, head)
         print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
-        return compare(reference_model(reference_class, tensors, source_dir), model.float(), tolerance)
+        # A causal head follows ours: BertLMHeadModel masks its self-attention to the past only when told to.
+        overrides = {"is_decoder": True} if self.heads[head].causal else {}
+        config = reference_class.config_class.from_pretrained(source_dir, **overrides)
+        reference = reference_model(reference_class, tensors, source_dir, config=config)
+        return compare(reference, model.float(), tolerance, relative=self.relative_tolerance)
 
     def convert(self, source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
                 verify_parity: bool = True, command: str | None = None) -> Path:
         """Source checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
         from transformers import AutoConfig
 
-        source_dir, raw_config = read_source(source, tuple(self.class_prefixes), self.name)
+        source_dir, raw_config = read_source(source, self.model_types, self.name)
         # Fields left at their defaults may be missing from config.json: read them from the source's config class.
         try:
             source_config = AutoConfig.for_model(**raw_config).to_dict()
         except Exception as error:
             raise ConversionError(f"{source_dir}/config.json is not a valid {self.title} config: {error}") from None
-        head = self.head_for(source_config, head)
         tensors = load_tensors(source_dir)
+        head = self.head_for(source_config, head, tensors)
         model_type = source_config["model_type"]
         return write_conversion(
             output, force, source, source_dir,
@@ -708,47 +810,74 @@ class EncoderFormat:
 
     # ---- vanilla -> source ----
 
-    def to_source(self, source: str, output: str, force: bool = False, dtype: str = "float32",
-                  model_type: str | None = None) -> Path:
-        """A vanilla encoder checkpoint -> a transformers checkpoint of this format, the forward table inverted:
-        the same tensors under their source names, bit for bit (with --dtype float32)."""
+    def to_source(self, source: str, output: str, force: bool = False, dtype: str | None = None,
+                  model_type: str | None = None, verify_parity: bool = True) -> Path:
+        """A vanilla encoder checkpoint -> a transformers checkpoint of this format (same head, config, tokenizer),
+        the forward table inverted: the same tensors under their source names. `dtype=None` keeps the stored dtype,
+        so the round trip is bit-exact. Unless `verify_parity` is False, the written folder is loaded with
+        transformers alone and compared with the vanilla source."""
         import inspect
 
-        import hf_vanilla  # noqa: F401  (registers the Auto classes)
-        from transformers import AutoConfig
+        from huggingface_hub.errors import StrictDataclassError
 
         source_dir, _ = read_source(source, ("vanilla_encoder",), f"to-{self.name}")
         try:
-            config = AutoConfig.from_pretrained(source_dir)
-        except (ValueError, TypeError) as error:
+            config = VanillaEncoderConfig.from_pretrained(source_dir)
+            config.check_architecture()
+        except (ValueError, TypeError, StrictDataclassError) as error:
             raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
-        architecture = (config.architectures or ["VanillaEncoderModel"])[0]
+        architecture = (config.architectures or [VanillaEncoderModel.__name__])[0]
         head = next((h for h, spec in self.heads.items() if spec.model_class.__name__ == architecture), None)
         if head is None:
             raise ConversionError(
-                f"{architecture} has no {self.title} counterpart; to-{self.name} converts "
+                f"{source_dir} is a {architecture!r}, which has no {self.title} counterpart; to-{self.name} converts "
                 f"{sorted(spec.model_class.__name__ for spec in self.heads.values())}."
             )
-        model_type = model_type or next(iter(self.class_prefixes))
-        require_fields(config, {
-            "position_embedding_type": ("learned", f"{self.title} learns its positions"),
-            "pre_norm": (False, f"{self.title} is post-LN"),
-            "scale_embeddings": (False, f"{self.title} does not scale embeddings"),
-            "embedding_layer_norm": (True, f"{self.title} normalises its embeddings"),
-        }, self.title)
+        spec, model_type = self.heads[head], model_type or self.model_types[0]
+        source_class = self.source_class(model_type, head)
+        tied = spec.model_class._tied_weights_keys or {}
+        needed = {
+            "position_embedding_type": ("learned", f"{self.title} learns its position embeddings"),
+            "pre_norm": (False, f"{self.title} normalises after each residual sum (post-LN)"),
+            "scale_embeddings": (False, f"{self.title} does not scale its token embeddings"),
+            "embedding_layer_norm": (True, f"{self.title} always LayerNorms the summed embeddings"),
+        }
+        if head != "base" and self.reads_pooler(head):
+            needed["use_pooler"] = (True, f"{source_class.__name__} reads its pooler")
+        if tied:
+            needed["tie_word_embeddings"] = (True, f"{self.title}'s MLM decoder is the word embedding matrix")
+        refusals = [f"{name}={getattr(config, name)!r} ({why}; needs {value!r})"
+                    for name, (value, why) in (needed | self.fixed_values(config)).items()
+                    if getattr(config, name) != value]
+        # BERT, RoBERTa and ELECTRA always add a token type vector; DistilBERT (no such field) has none.
+        if config.type_vocab_size == 0 and hasattr(source_class.config_class(), "type_vocab_size"):
+            refusals.append(f"type_vocab_size=0 ({self.title} always adds a token type embedding; needs >= 1)")
+        if refusals:  # every field at once, so that one fix is enough
+            raise ConversionError(f"This model cannot be expressed as {self.title}:\n  " + "\n  ".join(refusals))
         target_config = self.source_config(config, head, model_type)
+        target_config.architectures = [source_class.__name__]
         tensors = load_tensors(source_dir)
-        for tied in self.heads[head].model_class._tied_weights_keys or {}:
-            tensors.pop(tied, None)  # saved only by older writers; the target ties it again
-        table = self.key_table(config.num_hidden_layers, head)
-        inverse = {ours: source_module for source_module, ours in table.items()}
-        mapped, unknown = map_tensors(tensors, inverse, {})
-        model_class = self.source_class(model_type, head)
-        if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
-            model_class = partial(model_class, add_pooling_layer=config.use_pooler)
-        model = build_model(model_class, target_config, mapped, unknown)
-        model.config.architectures = [self.source_class(model_type, head).__name__]
-        return write_source_format(output, force, source_dir, model.to(DTYPES[dtype]))
+        ours = dict(tensors)  # `tensors` stays whole for the verification's reference
+        untie(ours, tied, self.title, "Save the model again (save_pretrained re-ties it) or fix the checkpoint.")
+        inverse = {o: s for s, o in self.key_table(config.num_hidden_layers, head,
+                                                   "" if head == "base" else self.prefix).items()}
+        # Checkpoints converted before heads stopped building an unread pooler have one.
+        dropped = {} if self.reads_pooler(head) else {"model.pooler.": f"{source_class.__name__} has no pooler"}
+        mapped, unknown = map_tensors(ours, inverse, dropped)
+        model_class = source_class
+        if "add_pooling_layer" in inspect.signature(source_class.__init__).parameters:
+            model_class = partial(source_class, add_pooling_layer=config.use_pooler)
+        model = build_model(model_class, target_config, mapped, unknown, source_namer(inverse))
+        if dtype is not None:
+            model.to(DTYPES[dtype])
+
+        def verify(staging):  # what a user will do: load the written folder with transformers alone
+            print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch):")
+            reference = reference_model(spec.model_class, tensors, source_dir)
+            written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
+            return compare(reference, written.eval(), relative=self.relative_tolerance)
+
+        return write_source_format(output, force, source_dir, model, verify if verify_parity else None)
 
 
 def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,
@@ -760,21 +889,3 @@ def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,
             f"{lm_head_name} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
             f"({hidden_act!r}): {way_out}."
         )
-
-
-def require_token_types(config, title: str) -> None:
-    """BERT's embeddings always add a token type vector (RoBERTa's and ELECTRA's too); a model without token types
-    (`type_vocab_size=0`, as converted from DistilBERT) cannot be written as one."""
-    if config.type_vocab_size == 0:
-        raise ConversionError(f"type_vocab_size=0 cannot be expressed as {title}, which always adds a token type "
-                              f"embedding.")
-
-
-def require_fields(config, needed: dict, target: str) -> None:
-    """Refuse a config whose `field` is not `value`: {field: (value, why)} -> ConversionError naming both."""
-    for name, (value, why) in needed.items():
-        if getattr(config, name) != value:
-            raise ConversionError(
-                f"{name}={getattr(config, name)!r} cannot be expressed as {target} ({why}); only configurations "
-                f"with {name}={value!r} convert back."
-            )

@@ -18,7 +18,7 @@ without the extra training-time dropout `qa_dropout` (the outputs are the same).
 
 from hf_vanilla import VanillaEncoderConfig
 
-from .common import BASE_HEAD, TASK_HEADS, ConversionError, EncoderFormat, masked_lm_head, require_fields
+from .common import BASE_HEAD, TASK_HEADS, ConversionError, EncoderFormat, masked_lm_head
 
 # DistilBERT module -> ours, within the base model.
 ENCODER_TABLE = (
@@ -39,7 +39,7 @@ HEADS = {
     "base": BASE_HEAD,
     "masked-lm": masked_lm_head("vocab_transform", "vocab_layer_norm", "vocab_projector",
                                 # stored by older writers
-                                tied={"vocab_projector.weight": "distilbert.embeddings.word_embeddings.weight"}),
+                                tied={"vocab_projector.weight": "embeddings.word_embeddings.weight"}),
     # DistilBertForTokenClassification: dropout(config.dropout) then a linear classifier, as ours.
     # DistilBertForQuestionAnswering drops out at qa_dropout before qa_outputs; ours does not (training only:
     # the outputs are the same).
@@ -67,16 +67,19 @@ def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
     return VanillaEncoderConfig(**fields, type_vocab_size=0, layer_norm_eps=LAYER_NORM_EPS, use_pooler=False)
 
 
-def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
-    from transformers import DistilBertConfig
-
-    require_fields(config, {
+def fixed_values(config: VanillaEncoderConfig) -> dict:
+    return {
         "type_vocab_size": (0, "DistilBERT has no token types"),
         "use_pooler": (False, "DistilBERT has no pooler"),
         "layer_norm_eps": (LAYER_NORM_EPS, "DistilBERT's LayerNorm epsilon is fixed at 1e-12"),
         "position_offset": (0, "DistilBERT numbers positions from 0"),
         "embedding_size": (config.hidden_size, "DistilBERT embeds at the model width"),
-    }, "DistilBERT")
+    }
+
+
+def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
+    from transformers import DistilBertConfig
+
     if config.classifier_dropout not in (None, config.hidden_dropout_prob):
         raise ConversionError("DistilBERT's token classifier drops out at `dropout`; classifier_dropout must be None.")
     fields = {theirs: getattr(config, ours) for theirs, ours in RENAMED.items()}
@@ -87,19 +90,15 @@ def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
 FORMAT = EncoderFormat(
     name="distilbert",
     title="DistilBERT",
-    class_prefixes={"distilbert": "DistilBert"},
-    prefix="distilbert.",
+    model_types=("distilbert",),
     encoder_table=ENCODER_TABLE,
     heads=HEADS,
     refused={
         "ForSequenceClassification": "its head (pre_classifier + ReLU + classifier on [CLS]) has no vanilla "
                                      "counterpart",
-        "ForMultipleChoice": "multiple choice has no vanilla head",
     },
     task_modules=("pre_classifier", "classifier"),  # the sequence-classification and multiple-choice heads
     vanilla_config=vanilla_config,
     source_config=source_config,
+    fixed_values=fixed_values,
 )
-
-convert = FORMAT.convert
-to_distilbert = FORMAT.to_source

@@ -28,9 +28,7 @@ from .common import (
     EncoderFormat,
     EncoderHead,
     masked_lm_head,
-    require_fields,
     require_gelu_lm_head,
-    require_token_types,
 )
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
@@ -49,7 +47,7 @@ HEADS = {
     ),
     "masked-lm": masked_lm_head("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head",
                                 # stored by older writers
-                                tied={"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"}),
+                                tied={"generator_lm_head.weight": "embeddings.word_embeddings.weight"}),
     **TASK_HEADS,
 }
 
@@ -60,14 +58,16 @@ def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
     return VanillaEncoderConfig(**fields, embedding_size=source["embedding_size"], use_pooler=False)
 
 
+def fixed_values(config: VanillaEncoderConfig) -> dict:
+    return {
+        "use_pooler": (False, "ELECTRA has no pooler"),
+        "position_offset": (0, "ELECTRA numbers positions from 0"),
+    }
+
+
 def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
     from transformers import ElectraConfig
 
-    require_fields(config, {
-        "use_pooler": (False, "ELECTRA has no pooler"),
-        "position_offset": (0, "ELECTRA numbers positions from 0"),
-    }, "ELECTRA")
-    require_token_types(config, "ELECTRA")
     require_gelu_lm_head(config.hidden_act, head, "ELECTRA's generator head",
                          way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
@@ -77,19 +77,14 @@ def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
 FORMAT = EncoderFormat(
     name="electra",
     title="ELECTRA",
-    class_prefixes={"electra": "Electra"},
-    prefix="electra.",
+    model_types=("electra",),
     encoder_table=ENCODER_TABLE,
     heads=HEADS,
     refused={
         "ForSequenceClassification": "its head (dense + GELU + out_proj on [CLS]) has no vanilla counterpart",
-        "ForMultipleChoice": "multiple choice has no vanilla head",
-        "ForCausalLM": "it is a decoder",
     },
     task_modules=("classifier", "sequence_summary"),  # the sequence-classification and multiple-choice heads
     vanilla_config=vanilla_config,
     source_config=source_config,
+    fixed_values=fixed_values,
 )
-
-convert = FORMAT.convert
-to_electra = FORMAT.to_source

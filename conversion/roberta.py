@@ -23,21 +23,13 @@ refused; the encoder of such a checkpoint converts with `--head base`.
 from hf_vanilla import VanillaEncoderConfig
 
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .common import (
-    BASE_HEAD,
-    TASK_HEADS,
-    EncoderFormat,
-    masked_lm_head,
-    require_fields,
-    require_gelu_lm_head,
-    require_token_types,
-)
+from .common import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
 
 HEADS = {
     "base": BASE_HEAD,
     # lm_head.bias is the decoder's bias. Older checkpoints also store the tied decoder weight and a copy of the bias.
     "masked-lm": masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head", tied={
-        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.weight": "embeddings.word_embeddings.weight",
         "lm_head.decoder.bias": "lm_head.bias",
     }),
     **TASK_HEADS,
@@ -57,14 +49,16 @@ def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
     return VanillaEncoderConfig(**fields, position_offset=source["pad_token_id"] + 1)
 
 
+def fixed_values(config: VanillaEncoderConfig) -> dict:
+    return {
+        "position_offset": (config.pad_token_id + 1, "RoBERTa numbers positions from pad_token_id + 1"),
+        "embedding_size": (config.hidden_size, "RoBERTa embeds at the model width"),
+    }
+
+
 def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
     from transformers import AutoConfig
 
-    require_fields(config, {
-        "position_offset": (config.pad_token_id + 1, "RoBERTa numbers positions from pad_token_id + 1"),
-        "embedding_size": (config.hidden_size, "RoBERTa embeds at the model width"),
-    }, "RoBERTa")
-    require_token_types(config, "RoBERTa")
     require_gelu_lm_head(config.hidden_act, head, "RoBERTa's MLM head",
                          way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
@@ -74,20 +68,15 @@ def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
 FORMAT = EncoderFormat(
     name="roberta",
     title="RoBERTa",
-    class_prefixes={"roberta": "Roberta", "xlm-roberta": "XLMRoberta"},
-    prefix="roberta.",
-    encoder_table=tuple(ENCODER_TABLE),  # BERT's module names, pooler included
+    model_types=("roberta", "xlm-roberta"),
+    encoder_table=ENCODER_TABLE,  # BERT's module names, pooler included
     heads=HEADS,
     refused={
         "ForSequenceClassification": "its head (dense + tanh + out_proj on <s>) has no vanilla counterpart",
-        "ForMultipleChoice": "multiple choice has no vanilla head",
-        "ForCausalLM": "it is a decoder",
     },
     task_modules=("classifier",),  # RobertaClassificationHead: classifier.dense, classifier.out_proj
     vanilla_config=vanilla_config,
     source_config=source_config,
+    fixed_values=fixed_values,
     limitations=LIMITATIONS,
 )
-
-convert = FORMAT.convert
-to_roberta = FORMAT.to_source

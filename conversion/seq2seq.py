@@ -19,7 +19,8 @@ import torch
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
-from .bert import ENCODER_TABLE, HEAD_TABLES, check_tied_decoder, dropped_keys, vanilla_config
+from .bert import ENCODER_TABLE
+from .bert import FORMAT as BERT
 from .common import (
     TOKENIZER_FILES,
     ConversionError,
@@ -37,6 +38,7 @@ from .common import (
     require_model_type,
     resolve_source,
     save_checkpoint,
+    untie,
     verification_batch,
     write_conversion,
 )
@@ -69,7 +71,7 @@ SHARED_BY_STACKS = ("vocab_size", "hidden_size", "hidden_act", "max_position_emb
 
 def bert_stack_table(stack: str, num_layers: int, cross_attention: bool) -> dict[str, str]:
     """BERT module (without `bert.`) -> our module inside `model.<stack>`; the pooler is not part of a stack."""
-    table = ENCODER_TABLE + (CROSS_ATTENTION_TABLE if cross_attention else [])
+    table = list(ENCODER_TABLE) + (CROSS_ATTENTION_TABLE if cross_attention else [])
     return {bert: f"model.{stack}" + ours.removeprefix("encoder")
             for bert, ours in expand_table(table, num_layers).items() if bert != "pooler.dense"}
 
@@ -78,10 +80,10 @@ def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eo
                         share_embeddings: bool) -> VanillaSeq2SeqConfig:
     """Two BertConfig dicts -> our config: BERT's departures from the paper (learned positions, GELU, segments,
     embedding LayerNorm, eps 1e-12, no embedding scale, the MLM transform before the output projection)."""
-    # vanilla_config validates each BERT (absolute positions only) the way the encoder converter does; the decoder's
+    # encoder_config validates each BERT (absolute positions only) the way the encoder converter does; the decoder's
     # is_decoder/add_cross_attention flags are what make it a decoder here, not a reason to refuse.
     as_encoder = {k: v for k, v in decoder.items() if k not in ("is_decoder", "add_cross_attention")}
-    enc, dec = vanilla_config(encoder), vanilla_config(as_encoder)
+    enc, dec = BERT.encoder_config(encoder, "base"), BERT.encoder_config(as_encoder, "base")
     for field in SHARED_BY_STACKS:
         if getattr(enc, field) != getattr(dec, field):
             raise ConversionError(
@@ -122,7 +124,8 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
     others = [k for k in tensors if not k.startswith(("encoder.", "decoder."))]
     if tie_word_embeddings:
         try:
-            check_tied_decoder(decoder)  # checks the output weight is the decoder's embedding matrix, then drops it
+            # checks the output weight is the decoder's embedding matrix, then drops it
+            untie(decoder, BERT.heads["masked-lm"].tied, "BERT", "")
         except ConversionError:
             raise ConversionError(
                 "The decoder's output weights differ from its word embeddings, although its config ties them "
@@ -130,13 +133,13 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
             ) from None
     elif "cls.predictions.bias" in decoder:
         decoder.pop("cls.predictions.decoder.bias", None)  # the same bias, stored twice
-    encoder_dropped = dropped_keys("base", encoder) | {
+    encoder_dropped = BERT.dropped_keys("base") | {
         "pooler": "BERT's pooler (tanh over [CLS]): an encoder-decoder's decoder reads every encoder state, never it"
     }
-    decoder_dropped = dropped_keys("masked-lm", decoder)
+    decoder_dropped = BERT.dropped_keys("masked-lm")
     encoder_table = bert_stack_table("encoder", config.num_hidden_layers, cross_attention=False)
     decoder_table = bert_stack_table("decoder", config.decoder_layers, cross_attention=True)
-    decoder_table.update(expand_table(HEAD_TABLES["masked-lm"], 0))
+    decoder_table.update(expand_table(list(BERT.heads["masked-lm"].table), 0))
     if not tie_word_embeddings:
         decoder_table["cls.predictions.decoder"] = "lm_head.decoder"  # untied: an output matrix of its own
     mapped, unknown = map_tensors(encoder, encoder_table, encoder_dropped)

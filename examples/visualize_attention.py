@@ -20,7 +20,6 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 import _common
-from hf_vanilla.conversion.bert import vanilla_checkpoint
 import hf_vanilla  # noqa: F401  (registers the vanilla models with the Auto classes)
 
 TEXT = "The animal didn't cross the street because it was too tired."
@@ -72,7 +71,7 @@ def main(argv=None) -> None:
     _common.require("matplotlib")  # before the conversion, not after it
 
     with tempfile.TemporaryDirectory() as scratch:
-        folder = vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
+        folder = _common.vanilla_checkpoint(args.source, Path(scratch) / "vanilla", head="base")
         tokenizer = AutoTokenizer.from_pretrained(folder)
         batch = tokenizer(args.text, return_tensors="pt")
 

@@ -55,14 +55,11 @@ def test_every_sub_command_is_there(capsys):
 
 def test_head_and_model_type_choices_are_the_converters():
     """The light parser names each format's heads without importing the converters: the same names they convert."""
-    formats = {"bert": (conversion.bert.HEADS, {"bert": None}), "roberta": conversion.roberta.FORMAT,
+    formats = {"bert": conversion.bert.FORMAT, "roberta": conversion.roberta.FORMAT,
                "distilbert": conversion.distilbert.FORMAT, "electra": conversion.electra.FORMAT}
     for name, (_, heads, model_types) in ENCODER_FORMATS.items():
-        converter = formats[name]
-        converter_heads, prefixes = converter if isinstance(converter, tuple) else (converter.heads,
-                                                                                     converter.class_prefixes)
-        assert list(heads) == list(converter_heads), name
-        assert list(model_types) == list(prefixes), name
+        assert list(heads) == list(formats[name].heads), name
+        assert list(model_types) == list(formats[name].model_types), name
 
 
 def test_in_process_conversion(tmp_path, capsys):

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ from transformers import (
 )
 
 import conversion.bert
+import conversion.common
 from conversion.__main__ import main
+from conversion.common import EncoderFormat
 from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 
 # ---- config validation ------------------------------------------------------------------------------------------
@@ -180,9 +183,18 @@ def test_relative_positions_refused(tmp_path, source, capsys):
 def test_untied_decoder_refused(tmp_path, source, capsys):
     edit_tensors(source, lambda t: t.update({"cls.predictions.decoder.weight": torch.randn(99, 32)}))
     output = tmp_path / "out"
-    assert_refused(capsys, output, "differs from the word embeddings .*--head base",
+    assert_refused(capsys, output, "cls.predictions.decoder.weight differs from embeddings.word_embeddings.weight, "
+                                   "the weight it is tied to.*--head base",
                    "bert", "--source", source, "--output", output)
 
+
+
+def test_a_tied_copy_stands_in_for_its_missing_original(tmp_path, source, capsys):
+    """Some writers keep BERT's MLM bias only as the decoder's (`cls.predictions.decoder.bias`): transformers loads
+    it as the head's bias, and so does the converter (the parity check confirms it)."""
+    edit_tensors(source, lambda t: t.update({"cls.predictions.decoder.bias": t.pop("cls.predictions.bias")}))
+    assert main(["bert", "--source", str(source), "--output", str(tmp_path / "out")]) == 0
+    assert "OK: max |diff|" in capsys.readouterr().out
 
 @pytest.mark.parametrize(
     ("model", "model_type"),
@@ -243,7 +255,7 @@ def test_pickle_of_tensors_converts(tmp_path, source, capsys):
 def test_parity_failure_writes_nothing(tmp_path, source, capsys, monkeypatch):
     """The converter's own check catches a wrong conversion (here, one weight of ours replaced after mapping by a
     perturbed copy; the source tensors, which transformers' reference holds too, are left as they are)."""
-    convert = conversion.bert.bert_to_vanilla
+    convert = EncoderFormat.to_vanilla
 
     def wrong(*args):
         model = convert(*args)
@@ -253,7 +265,7 @@ def test_parity_failure_writes_nothing(tmp_path, source, capsys, monkeypatch):
             down_proj.bias[0] += 1e-3
         return model
 
-    monkeypatch.setattr(conversion.bert, "bert_to_vanilla", wrong)
+    monkeypatch.setattr(EncoderFormat, "to_vanilla", wrong)
     output = tmp_path / "out"
     printed = assert_refused(capsys, output, "Parity check failed: .*Nothing was written",
                              "bert", "--source", source, "--output", output)
@@ -267,8 +279,8 @@ def test_mismapped_key_fails_verification(tmp_path, source, capsys, monkeypatch)
     transformers' BERT, which places the same tensors by its own names, catches it."""
     swapped = {"encoder.layers.{i}.self_attn.q_proj": "encoder.layers.{i}.self_attn.k_proj",
                "encoder.layers.{i}.self_attn.k_proj": "encoder.layers.{i}.self_attn.q_proj"}
-    table = [(bert, swapped.get(ours, ours)) for bert, ours in conversion.bert.ENCODER_TABLE]
-    monkeypatch.setattr(conversion.bert, "ENCODER_TABLE", table)
+    table = tuple((bert, swapped.get(ours, ours)) for bert, ours in conversion.bert.ENCODER_TABLE)
+    monkeypatch.setattr(conversion.bert, "FORMAT", replace(conversion.bert.FORMAT, encoder_table=table))
     output = tmp_path / "out"
     printed = assert_refused(capsys, output, "Parity check failed: .*Nothing was written",
                              "bert", "--source", source, "--output", output)
@@ -343,7 +355,7 @@ def test_force_keeps_the_old_output_when_interrupted(source, existing_output, mo
         raise KeyboardInterrupt
 
     before = snapshot(existing_output)
-    monkeypatch.setattr(conversion.bert, "save_checkpoint", interrupted)
+    monkeypatch.setattr(conversion.common, "save_checkpoint", interrupted)
     with pytest.raises(KeyboardInterrupt):
         main(["bert", "--source", str(source), "--output", str(existing_output), "--force", "--no-verify"])
     assert snapshot(existing_output) == before

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import conversion.bert
+import conversion.common
 from conversion.__main__ import main
 from conversion.output import MANIFEST, OWNER, not_ours
 from test_conversion_errors import tiny_bert_dir  # noqa: F401  (the tiny BERT fixture, shared)
@@ -124,13 +124,13 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
     """Even an empty folder (which `os.rename` would silently replace) that the user creates while the converter
     writes is left as it is, and the conversion fails."""
     output = workspace / "converted"
-    save = conversion.bert.save_checkpoint
+    save = conversion.common.save_checkpoint
 
     def save_then_user_creates_output(model, directory, *args):
         save(model, directory, *args)
         output.mkdir()
 
-    monkeypatch.setattr(conversion.bert, "save_checkpoint", save_then_user_creates_output)
+    monkeypatch.setattr(conversion.common, "save_checkpoint", save_then_user_creates_output)
     refused(capsys, ["bert", "--source", "models/bert", "--output", output, "--no-verify"],
             "appeared while this conversion ran")
     assert output.is_dir() and list(output.iterdir()) == []
@@ -142,11 +142,11 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
 PAUSED_CONVERSION = """
 import sys, time
 from pathlib import Path
-import conversion.bert
+import conversion.common
 from conversion.cli import main
 
 ready, go = Path(sys.argv[1]), Path(sys.argv[2])
-save = conversion.bert.save_checkpoint
+save = conversion.common.save_checkpoint
 
 def paused(model, directory, *args):
     save(model, directory, *args)
@@ -154,7 +154,7 @@ def paused(model, directory, *args):
     while not go.exists():
         time.sleep(0.02)
 
-conversion.bert.save_checkpoint = paused
+conversion.common.save_checkpoint = paused
 sys.exit(main(sys.argv[3:]))
 """
 
@@ -339,7 +339,7 @@ def read_only(model, directory, *args):
     (read_only, "out/model.safetensors: the file system is read-only: choose an --output on a writable disk"),
 ])
 def test_write_errors_are_clear(tiny_bert_dir, tmp_path, capsys, monkeypatch, fail, message):
-    monkeypatch.setattr(conversion.bert, "save_checkpoint", fail)
+    monkeypatch.setattr(conversion.common, "save_checkpoint", fail)
     output = tmp_path / "new" / "out"
     err = refused(capsys, ["bert", "--source", tiny_bert_dir, "--output", output, "--no-verify"], message)
     assert ".partial-" not in err  # the message names the output the user chose, not the hidden staging folder
@@ -397,7 +397,7 @@ def test_a_bug_is_named_as_one(tiny_bert_dir, tmp_path, capsys, monkeypatch):
     def bug(*args):
         raise TypeError("something the converter got wrong")
 
-    monkeypatch.setattr(conversion.bert, "bert_to_vanilla", bug)
+    monkeypatch.setattr(conversion.common.EncoderFormat, "to_vanilla", bug)
     assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err == ("error: unexpected TypeError: something the converter got wrong. This is a bug in the converter: "

@@ -38,6 +38,8 @@ AUTO = {
     "BertForSequenceClassification": transformers.AutoModelForSequenceClassification,
     "BertForTokenClassification": transformers.AutoModelForTokenClassification,
     "BertForQuestionAnswering": transformers.AutoModelForQuestionAnswering,
+    "BertLMHeadModel": transformers.AutoModelForCausalLM,
+    "BertForNextSentencePrediction": transformers.AutoModelForNextSentencePrediction,
 }
 
 
@@ -96,6 +98,8 @@ def assert_identical_outputs(original_dir, written_dir, bert_class):
     written = auto.from_pretrained(written_dir).eval()
     assert type(written).__name__ == bert_class
     batch = batch_for(original.config.vocab_size)
+    if original.config.is_decoder:
+        batch["use_cache"] = False  # the outputs, not a key/value cache object
     with torch.no_grad():
         expected, got = original(**batch), written(**batch)
     for name, value in expected.items():
@@ -106,7 +110,8 @@ def assert_identical_outputs(original_dir, written_dir, bert_class):
 def test_round_trip_is_bit_exact(bert_class, tmp_path):
     torch.manual_seed(0)
     labels = LABELS if "Classification" in bert_class else {}
-    getattr(transformers, bert_class)(BertConfig(**TINY, **labels)).save_pretrained(tmp_path / "original")
+    causal = {"is_decoder": True} if bert_class == "BertLMHeadModel" else {}  # BERT's causal LM needs it said
+    getattr(transformers, bert_class)(BertConfig(**TINY, **labels, **causal)).save_pretrained(tmp_path / "original")
     written, _ = round_trip(tmp_path / "original", tmp_path)
     assert_same_checkpoint(tmp_path / "original", written)
     assert_identical_outputs(tmp_path / "original", written, bert_class)
@@ -222,7 +227,7 @@ def test_dtype_is_kept_unless_asked(tmp_path):
         ({"scale_embeddings": True}, "scale_embeddings=True"),
         ({"embedding_layer_norm": False}, "embedding_layer_norm=False"),
         ({"position_offset": 2}, r"position_offset=2 \(BERT numbers positions from 0"),
-        ({"embedding_size": 16}, r"embedding_size=16 \(BERT embeds at hidden_size=32\)"),
+        ({"embedding_size": 16}, r"embedding_size=16 \(BERT embeds at hidden_size=32; needs 32\)"),
         ({"type_vocab_size": 0}, "type_vocab_size=0"),
     ],
 )
@@ -252,7 +257,7 @@ def test_refuses_a_sequence_classifier_without_pooler(tmp_path, capsys):
 def test_refuses_sources_that_are_not_vanilla_encoders(tmp_path, capsys):
     transformers.BertModel(BertConfig(**TINY)).save_pretrained(tmp_path / "bert_source")
     assert main(["to-bert", "--source", str(tmp_path / "bert_source"), "--output", str(tmp_path / "out")]) == 2
-    assert "holds a 'bert' model; to-bert reads 'vanilla_encoder' checkpoints" in capsys.readouterr().err
+    assert "holds a 'bert' model, but the 'to-bert' converter reads 'vanilla_encoder'" in capsys.readouterr().err
     config = VanillaSeq2SeqConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=32)
     VanillaSeq2SeqForConditionalGeneration(config).save_pretrained(tmp_path / "seq2seq")
