@@ -11,6 +11,8 @@ Engines, each given the same number of threads (--threads, default 2):
     hf_vanilla ORT  ours after `hf_vanilla.runtime_onnx.use_onnx_runtime(model)`: the encoder and its pooler on ONNX
                     Runtime (the plain or the fused graph, whichever it measured faster here), padded batches run as
                     groups of similar length; the other heads and the decoder in PyTorch
+    hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
+                    and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
     ORT             ONNX Runtime on our own graph (`conversion.onnx_export.export_encoder`, torch.onnx dynamo)
     ORT fused       that graph through `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`
     CT2             CTranslate2: `TransformersConverter` on the saved transformers checkpoint; `Encoder.forward_batch`
@@ -19,7 +21,8 @@ and, in the reduced-precision table, the same calls in bfloat16 (PyTorch, where 
 and CTranslate2 int8 (weights quantized at load).
 
 Method. Every case runs rounds in which each engine is called once, in an order rotated every round; a slow
-moment on a shared machine then hits every engine of that round. The speed-up of an engine is the median over
+moment on a shared machine then hits every engine of that round. Each timed call follows an idle gap (--settle),
+so that no engine shares the cores with the previous engine's spinning threads (see `time_rounds`). The speed-up of an engine is the median over
 rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its
 own next call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first call)
 are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form (tensors,
@@ -295,7 +298,7 @@ def marian_tokenizer():
     return types.SimpleNamespace(get_vocab=lambda: vocab, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
 
 
-def generation_engines(case, directory, cold, threads, precisions):
+def generation_engines(case, directory, cold, threads, precisions, compiled):
     """Greedy generation of exactly `case.new_tokens` tokens per row on every engine that can run the model:
     end-of-sequence is suppressed until then (transformers' `min_new_tokens`, CTranslate2's
     `min_decoding_length`), so every engine does the same work."""
@@ -308,6 +311,8 @@ def generation_engines(case, directory, cold, threads, precisions):
         input_ids, _ = encoder_batch(case.lengths, reference.config.encoder.vocab_size, "cpu", seed=1)
         engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
                    generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens)]
+        if compiled:
+            engines.append(generate_engine("hf_vanilla compiled", ours, input_ids, mask, case.new_tokens, True))
         return engines
     config = MarianConfig(
         vocab_size=MARIAN_VOCAB, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
@@ -336,6 +341,8 @@ def generation_engines(case, directory, cold, threads, precisions):
     engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
                generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens),
                generate_engine("hf_vanilla ORT", runtime, input_ids, mask, case.new_tokens)]
+    if compiled:
+        engines.append(generate_engine("hf_vanilla compiled", ours, input_ids, mask, case.new_tokens, True))
     import ctranslate2
 
     ct2 = convert_ct2(source, directory, cold, "marian", tokenizer=marian_tokenizer())
@@ -356,11 +363,22 @@ def generation_engines(case, directory, cold, threads, precisions):
     return engines
 
 
-def generate_engine(name, model, input_ids, attention_mask, new_tokens):
+def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled=False):
+    """`compiled`: transformers' own compiled decoding, as a user asks for it: a static cache and a compile config
+    (on a CPU transformers compiles only when told to, `_compile_all_devices`); the decoding step is compiled on the
+    first call (reported as that engine's first call), the prefill runs eagerly."""
+    options = {}
+    if compiled:
+        from transformers import CompileConfig
+
+        compile_config = CompileConfig(fullgraph=True, dynamic=False)
+        compile_config._compile_all_devices = True
+        options = {"cache_implementation": "static", "compile_config": compile_config}
+
     def run():
         with torch.inference_mode():
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens)
+                                 min_new_tokens=new_tokens, **options)
         return out[:, 1:]  # without the decoder start token, as CTranslate2 returns them
     return Engine(name, "fp32", run)
 
@@ -368,9 +386,14 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens):
 # ---- timing and checks ---------------------------------------------------------------------------------------------
 
 
-def time_rounds(engines, min_rounds, budget_s, max_rounds=200):
+def time_rounds(engines, min_rounds, budget_s, settle_s, max_rounds=200):
     """Each engine's first call (warm-up, reported as cold start), then rounds of every engine once, in an order
-    rotated each round, until `min_rounds` are done and `budget_s` is spent."""
+    rotated each round, until `min_rounds` are done and `budget_s` is spent.
+
+    Before each timed call the process idles `settle_s`. Each engine has its own thread pool (torch's and
+    CTranslate2's OpenMP, ONNX Runtime's), and a pool's threads spin for a while after a call: back to back, the next
+    engine would share the cores with the previous one's spinning threads, which no user running one engine pays
+    (measured on 2 cores: a torch op right after an ONNX Runtime call took 5-14 ms instead of 0.4)."""
     for engine in engines:
         start = time.perf_counter()
         engine.output = engine.run()
@@ -381,6 +404,7 @@ def time_rounds(engines, min_rounds, budget_s, max_rounds=200):
             break
         k = i % len(engines)
         for engine in engines[k:] + engines[:k]:
+            time.sleep(settle_s)
             t0 = time.perf_counter()
             engine.output = engine.run()
             engine.times.append(time.perf_counter() - t0)
@@ -442,12 +466,12 @@ def bf16_supported():
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "ORT", "ORT fused", "CT2"]
-OURS = ("hf_vanilla", "hf_vanilla ORT")
+FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled", "ORT", "ORT fused", "CT2"]
+OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled")
 
 
 FP32_HEADER = ("| case | tokens | " + " | ".join(FP32_COLUMNS) +
-               " | ours (better of both) / best other | A/A | rounds | checks |\n" +
+               " | ours (best of ours) / best other | A/A | rounds | checks |\n" +
                "|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---|")
 
 
@@ -523,6 +547,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, 16 new tokens, bert2bert small")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per case")
+    parser.add_argument("--settle", type=float, default=0.05,
+                        help="seconds idle before each timed call, so that no engine runs beside the previous one's "
+                             "spinning threads (default 0.05; see time_rounds)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out 'hf_vanilla compiled' (generation: static cache + torch.compile, ~1 min of "
+                             "compilation per case)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
     all_cases = cases(args.quick)
@@ -551,7 +581,7 @@ def main(argv=None):
             directory.mkdir(exist_ok=True)
             if case.new_tokens:
                 models.clear()  # one model in memory at a time
-                engines = generation_engines(case, directory, cold, args.threads, precisions)
+                engines = generation_engines(case, directory, cold, args.threads, precisions, not args.no_compile)
             else:
                 if case.model not in models:
                     models.clear()
@@ -560,7 +590,7 @@ def main(argv=None):
                 vocab = models[case.model].reference.config.vocab_size
                 input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
                 engines = encoder_engines(models[case.model], input_ids, attention_mask, precisions)
-            time_rounds(engines, min_rounds, budget)
+            time_rounds(engines, min_rounds, budget, args.settle)
             reference = next(e for e in engines if e.name == REFERENCE)
             results.append((case, engines, reference))
             # Each row as soon as it is measured: on a busy machine a run may be cut short.
