@@ -60,6 +60,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
@@ -136,7 +137,8 @@ def _runtime_class(base):
     falls back to PyTorch until `use_onnx_runtime` is called on it."""
     if base not in _RUNTIME_CLASSES:
         def forward(self, *args, **kwargs):
-            arguments = self._onnx_runner.signature.bind(*args, **kwargs).arguments
+            # Keyword calls (every Hugging Face caller's) need no binding: 6 us of a 3 ms request.
+            arguments = self._onnx_runner.signature.bind(*args, **kwargs).arguments if args else kwargs
             output = self._onnx_runner(self, arguments)
             return output if output is not None else base.forward(self, *args, **kwargs)
 
@@ -235,10 +237,9 @@ class OnnxEncoderRunner:
         else one per group of rows, scattered back."""
         mask = feeds["attention_mask"]
         B, T = mask.shape
-        lengths = mask.sum(1)
-        right_padded = torch.equal(mask.bool(), torch.arange(T)[None, :] < lengths[:, None])
-        if not right_padded or int(lengths.min()) == 0 or int(lengths.min()) == T:
-            return self._session_run(feeds)
+        lengths = mask.numpy().sum(1)  # numpy: on a short request torch's per-op cost shows
+        if lengths.min() in (0, T) or not (mask.numpy() == (np.arange(T)[None, :] < lengths[:, None])).all():
+            return self._session_run(feeds)  # dense, a row of padding only, or padding not at the ends
         outputs = None
         for rows, length in length_groups(lengths.tolist()):
             index = torch.tensor(rows)
