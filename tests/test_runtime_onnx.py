@@ -145,6 +145,34 @@ def test_generate_matches_transformers_with_encoder_on_onnx_runtime(tmp_path):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("form", ["int32 ids", "bool mask", "float mask", "uint8 mask", "one row of segments",
+                                  "no mask", "transposed ids"])
+def test_every_input_form_pytorch_takes_runs_on_onnx_runtime(base, form):
+    """The runtime reads its inputs in numpy and asks `check_inputs` only when that quick look refuses them: every
+    form PyTorch's path accepts still runs on ONNX Runtime, with PyTorch's answer."""
+    _, runtime, eager, _ = base
+    input_ids, mask = padded_batch([9, 4, 13])
+    kwargs = {"input_ids": input_ids, "attention_mask": mask}
+    if form == "int32 ids":
+        kwargs["input_ids"] = input_ids.int()
+    elif form.endswith("mask") and form != "no mask":
+        kwargs["attention_mask"] = mask.to({"bool": torch.bool, "float": torch.float32, "uint8": torch.uint8}[
+            form.split()[0]])
+    elif form == "one row of segments":
+        kwargs["token_type_ids"] = (torch.arange(13) > 5).long()[None, :]
+    elif form == "no mask":
+        kwargs["attention_mask"] = mask = torch.ones_like(input_ids)
+        del kwargs["attention_mask"]
+    elif form == "transposed ids":
+        kwargs["input_ids"] = input_ids.t().contiguous().t()
+    calls = Calls(runtime)
+    with torch.inference_mode():
+        got = runtime(**kwargs).last_hidden_state
+        expected = eager(**kwargs).last_hidden_state
+    assert calls.count >= 1
+    assert_close(got[mask.bool()], expected[mask.bool()])
+
+
 def test_what_onnx_runtime_cannot_answer_runs_in_pytorch(base):
     reference, runtime, eager, _ = base
     input_ids, mask = padded_batch([5, 11])
