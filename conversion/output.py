@@ -183,15 +183,20 @@ def place(staging: Path, output: Path, work: Path, force: bool) -> None:
             _place(staging, output)
         except BaseException:
             if old is not None:
-                try:
-                    rename_noreplace(old, output)
-                except OSError:  # another conversion's output is there now: this one is obsolete
-                    _remove_old(old, output)
+                put_back(old, output)
             raise
         if old is not None:
             _remove_old(old, output)
     else:
         _place(staging, output)
+
+
+def put_back(old: Path, output: Path) -> None:
+    """An earlier output that `place` moved aside, back in its place when the new one did not get there."""
+    try:
+        rename_noreplace(old, output)
+    except OSError:  # another conversion's output is there now: this one is obsolete
+        _remove_old(old, output)
 
 
 def _remove_old(old: Path, output: Path) -> None:
@@ -273,19 +278,16 @@ def remove_leftovers(output: Path) -> None:
         print(f"Note: removed {work}, left by a conversion that was killed (PID {record['pid']}).")
 
 
-class _Terminated(BaseException):
-    """SIGTERM or SIGHUP, raised in the main thread so that the partial output is removed before the process ends."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 @contextmanager
-def _signals_clean_up():
-    """While the output is written, SIGTERM and SIGHUP raise `_Terminated` (in the main thread, where Python runs
-    handlers); the process then ends by the same signal once the caller has cleaned up. Only signals left at their
-    default are taken: an ignored SIGHUP (nohup) stays ignored, and a program's own handlers stay in charge."""
+def _signals_clean_up(cleanup):
+    """While the output is written, SIGTERM and SIGHUP run `cleanup` (remove the partial output) and then end the
+    process by the same signal, from the handler itself. Only signals left at their default are taken: an ignored
+    SIGHUP (nohup) stays ignored, and a program's own handlers stay in charge.
+
+    The handler does not raise an exception for the code below to clean up on its way out: Python runs handlers
+    between any two bytecodes, inside `__del__` methods and garbage-collector callbacks too, where an exception is only
+    printed and swallowed. Raising left a process that had already set the signals to ignored running on, which a
+    test saw once in CI (a conversion that outlived its SIGHUP by 300 s)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -293,7 +295,12 @@ def _signals_clean_up():
     def handler(signum, frame):
         for taken in previous:
             signal.signal(taken, signal.SIG_IGN)  # a second signal must not interrupt the cleanup
-        raise _Terminated(signum)
+        try:
+            cleanup()
+        finally:
+            for taken in previous:
+                signal.signal(taken, signal.SIG_DFL)
+            signal.raise_signal(signum)  # ends the process as the signal would have
 
     previous = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
                 if s is not None and signal.getsignal(s) is signal.SIG_DFL]
@@ -301,11 +308,6 @@ def _signals_clean_up():
         signal.signal(taken, handler)
     try:
         yield
-    except _Terminated as terminated:
-        for taken in previous:
-            signal.signal(taken, signal.SIG_DFL)
-        signal.raise_signal(terminated.signum)  # ends the process as the signal would have
-        raise
     finally:
         for taken in previous:
             signal.signal(taken, signal.SIG_DFL)
@@ -344,7 +346,15 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
     output = Path(os.path.abspath(output))
     check_output(output, force, tuple(sources))
     created, work = [], None
-    with _signals_clean_up():
+
+    def clean_up():
+        if work is not None:
+            if os.path.lexists(work / "old"):  # a signal while `place` had an earlier output moved aside
+                put_back(work / "old", output)
+            shutil.rmtree(work, ignore_errors=True)
+        _remove_created(created)
+
+    with _signals_clean_up(clean_up):
         try:
             try:
                 created = _make_parents(output.parent)
@@ -362,9 +372,7 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
             write_manifest(staging)
             place(staging, output, work, force)
         except BaseException as error:
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
-            _remove_created(created)
+            clean_up()
             if os_errno(error) is not None and not isinstance(error, ConversionError):
                 raise ConversionError(f"Could not write {output}: {describe_io_error(error, {work / 'new': output})}. "
                                       f"Nothing was written.") from error

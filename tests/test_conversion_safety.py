@@ -137,30 +137,38 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
     assert partial_folders(output) == []
 
 
-# A conversion paused inside its write, after the weights and before the move into place: the test decides when
-# it goes on (by creating the file `go`) or kills it. No sleep decides anything; the waits only bound a hang.
+# A conversion paused inside its write, by default after the weights and before the move into place (`at` another
+# step, `when` before it): the test decides when it goes on (by creating the file `go`) or kills it. No sleep decides
+# anything; the waits only bound a hang. It waits inside an object's finalizer, where a signal may well find a
+# process (a garbage collection) and where Python swallows any exception a signal handler raises.
 PAUSED_CONVERSION = """
-import sys, time
+import importlib, sys, time
 from pathlib import Path
-import conversion.common
 from conversion.cli import main
 
-ready, go = Path(sys.argv[1]), Path(sys.argv[2])
-save = conversion.common.save_checkpoint
+ready, go, at, when = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+module_name, name = at.rsplit(".", 1)
+module = importlib.import_module(module_name)
+step = getattr(module, name)
 
-def paused(model, directory, *args):
-    save(model, directory, *args)
-    ready.write_text(str(directory))
-    while not go.exists():
+class Finalized:
+    def __del__(self):
         time.sleep(0.02)
 
-conversion.common.save_checkpoint = paused
-sys.exit(main(sys.argv[3:]))
+def paused(*args):
+    result = step(*args) if when == "after" else None
+    ready.write_text("")
+    while not go.exists():
+        Finalized()
+    return step(*args) if when == "before" else result
+
+setattr(module, name, paused)
+sys.exit(main(sys.argv[5:]))
 """
 
 
-def start_paused(source, output, ready, go, *extra):
-    argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), "bert", "--source", str(source),
+def start_paused(source, output, ready, go, *extra, at="conversion.common.save_checkpoint", when="after"):
+    argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
     env = os.environ | {"PYTHONPATH": str(REPOSITORY), "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -209,6 +217,22 @@ def test_terminated_conversions_leave_nothing(tiny_bert_dir, tmp_path):
     for signum, (folder, output, process) in runs.items():
         assert process.wait(timeout=300) == -signum  # the process still ends by the signal, as without the converter
         assert sorted(p.name for p in folder.iterdir()) == ["ready"]  # no output, no partial folder, no parent
+
+
+def test_a_signal_while_force_swaps_outputs_puts_the_earlier_one_back(tiny_bert_dir, tmp_path):
+    """`--force` moves the earlier output aside just before the new one takes its place: a SIGTERM at that moment
+    must leave the earlier output where it was, intact, and nothing else."""
+    output = tmp_path / "out"
+    assert convert(tiny_bert_dir, output) == 0
+    before = {p.name: p.read_bytes() for p in output.iterdir()}
+    process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
+                           at="conversion.output._place", when="before")
+    wait_for(tmp_path / "ready", process)
+    assert not output.exists()  # moved aside: the moment it could be lost
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == -signal.SIGTERM
+    assert {p.name: p.read_bytes() for p in output.iterdir()} == before
+    assert partial_folders(output) == []
 
 
 def test_killed_conversion_is_cleaned_up_by_the_next(tiny_bert_dir, tmp_path, capsys):
