@@ -286,8 +286,8 @@ def _signals_clean_up(cleanup):
 
     The handler does not raise an exception for the code below to clean up on its way out: Python runs handlers
     between any two bytecodes, inside `__del__` methods and garbage-collector callbacks too, where an exception is only
-    printed and swallowed. Raising left a process that had already set the signals to ignored running on, which a
-    test saw once in CI (a conversion that outlived its SIGHUP by 300 s)."""
+    printed and swallowed. Raising left a process that had already set the signals to ignored running on (a test
+    whose paused conversion waits in a finalizer hung every time on that design)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -171,7 +171,10 @@ def start_paused(source, output, ready, go, *extra, at="conversion.common.save_c
     argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
     env = os.environ | {"PYTHONPATH": str(REPOSITORY), "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # SIGHUP at its default in the child, whatever this process inherited: under `nohup` (as CI may run) it is
+    # ignored, and the converter rightly leaves an ignored SIGHUP ignored.
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
 
 
 def wait_for(path: Path, process, limit_s: float = 300) -> None:
