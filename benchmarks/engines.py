@@ -386,14 +386,18 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled
 # ---- timing and checks ---------------------------------------------------------------------------------------------
 
 
-def time_rounds(engines, min_rounds, budget_s, settle_s, max_rounds=200):
+def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=200):
     """Each engine's first call (warm-up, reported as cold start), then rounds of every engine once, in an order
     rotated each round, until `min_rounds` are done and `budget_s` is spent.
 
     Before each timed call the process idles `settle_s`. Each engine has its own thread pool (torch's and
     CTranslate2's OpenMP, ONNX Runtime's), and a pool's threads spin for a while after a call: back to back, the next
     engine would share the cores with the previous one's spinning threads, which no user running one engine pays
-    (measured on 2 cores: a torch op right after an ONNX Runtime call took 5-14 ms instead of 0.4)."""
+    (measured on 2 cores: a torch op right after an ONNX Runtime call took 5-14 ms instead of 0.4).
+
+    `busy`: spend the gap spinning in this thread instead of sleeping. An idle CPU wakes slowly (on the VM measured,
+    the first call after 50 ms of sleep ran a tiny nn.Linear in 0.25 ms instead of 0.007 ms), which a busy server
+    never pays; spinning keeps the core awake while the other pools' threads still stop."""
     for engine in engines:
         start = time.perf_counter()
         engine.output = engine.run()
@@ -404,7 +408,12 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, max_rounds=200):
             break
         k = i % len(engines)
         for engine in engines[k:] + engines[:k]:
-            time.sleep(settle_s)
+            if busy:
+                deadline = time.perf_counter() + settle_s
+                while time.perf_counter() < deadline:
+                    pass
+            else:
+                time.sleep(settle_s)
             t0 = time.perf_counter()
             engine.output = engine.run()
             engine.times.append(time.perf_counter() - t0)
@@ -550,6 +559,8 @@ def main(argv=None):
     parser.add_argument("--settle", type=float, default=0.05,
                         help="seconds idle before each timed call, so that no engine runs beside the previous one's "
                              "spinning threads (default 0.05; see time_rounds)")
+    parser.add_argument("--busy", action="store_true",
+                        help="spend --settle spinning instead of sleeping: the CPU stays awake, as on a busy server")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave out 'hf_vanilla compiled' (generation: static cache + torch.compile, ~1 min of "
                              "compilation per case)")
@@ -590,7 +601,7 @@ def main(argv=None):
                 vocab = models[case.model].reference.config.vocab_size
                 input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
                 engines = encoder_engines(models[case.model], input_ids, attention_mask, precisions)
-            time_rounds(engines, min_rounds, budget, args.settle)
+            time_rounds(engines, min_rounds, budget, args.settle, args.busy)
             reference = next(e for e in engines if e.name == REFERENCE)
             results.append((case, engines, reference))
             # Each row as soon as it is measured: on a busy machine a run may be cut short.
