@@ -45,9 +45,12 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
-from .kernels import VanillaLinear, is_tracing
+from .kernels import VanillaLinear
 from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
-from .validation import check_choices, check_eos_tokens, check_inputs, check_labels, check_sequence_labels, check_target
+from .validation import (
+    check_choices, check_eos_tokens, check_inputs, check_labels, check_sequence_labels, check_target,
+    self_attention_cache,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Embeddings (sections 3.4 and 3.5)
@@ -429,10 +432,7 @@ class VanillaStack(nn.Module):
         use_cache = self.is_decoder and (config.use_cache if use_cache is None else use_cache)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.cross_attention else DynamicCache()
-        cache = getattr(past_key_values, "self_attention_cache", past_key_values)  # this stack's own keys and values
-        past_length = cache.get_seq_length() if cache is not None else 0
-        if torch.is_tensor(past_length) and not is_tracing():  # a static cache counts in a tensor
-            past_length = int(past_length)
+        cache, past_length = self_attention_cache(past_key_values)  # this stack's own keys and values, and their count
         check_inputs(config, is_decoder=self.is_decoder, input_ids=input_ids, inputs_embeds=inputs_embeds,
                      token_type_ids=token_type_ids, position_ids=position_ids, attention_mask=attention_mask,
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,

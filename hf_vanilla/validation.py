@@ -97,13 +97,24 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
                  "pass positions below the table's length, or truncate the input")
 
 
+def self_attention_cache(past_key_values):
+    """(cache, past length): the key/value cache a stack's self-attention extends (an encoder-decoder cache holds it
+    beside the cross-attention one) and how many tokens it holds already, an int (a tensor only for a static cache
+    while tracing, where a graph must not read values)."""
+    cache = getattr(past_key_values, "self_attention_cache", past_key_values)
+    past_length = cache.get_seq_length() if cache is not None else 0
+    if torch.is_tensor(past_length) and not is_tracing():  # a static cache counts in a tensor
+        past_length = int(past_length)
+    return cache, past_length
+
+
 def check_target(config, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, past_key_values):
     """The encoder-decoder's target, checked as its decoder will check it but before the encoder runs: a bad target
     then stops the call before the encoder's kernels have run for nothing."""
-    cache = getattr(past_key_values, "self_attention_cache", past_key_values)
+    cache, past_length = self_attention_cache(past_key_values)
     check_inputs(config, is_decoder=True, input_ids=decoder_input_ids, inputs_embeds=decoder_inputs_embeds,
                  token_type_ids=None, position_ids=None, attention_mask=decoder_attention_mask, cache=cache,
-                 past_length=cache.get_seq_length() if cache is not None else 0)
+                 past_length=past_length)
 
 
 def check_choices(input_ids, inputs_embeds):
@@ -215,5 +226,5 @@ def _check_range(name, ids, limit, limit_name, fix):
 
 __all__ = [
     "IGNORE_INDEX", "check_choices", "check_eos_tokens", "check_inputs", "check_labels", "check_sequence_labels",
-    "check_target",
+    "check_target", "self_attention_cache",
 ]
