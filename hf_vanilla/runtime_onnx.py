@@ -276,8 +276,9 @@ def _feeds(config, input_ids, attention_mask, token_type_ids) -> dict | None:
     limit = config.max_position_embeddings - config.position_offset
     if B == 0 or T == 0 or T > limit or ids.min() < 0 or ids.max() >= config.vocab_size:
         return None
-    mask = np.ones_like(ids) if attention_mask is None else None
-    if attention_mask is not None:
+    if attention_mask is None:
+        mask = np.ones_like(ids)
+    else:
         if not integer(attention_mask) or tuple(attention_mask.shape) != (B, T):
             return None
         mask = np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)
