@@ -48,8 +48,8 @@ from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderM
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `conversion` is a top-level folder of the repository, not an installed package
 
-from conversion.bert import bert_to_vanilla  # noqa: E402
-from conversion.seq2seq import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
+from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.seq2seq import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = 1e-5  # fp32, at real tokens
@@ -332,11 +332,11 @@ def timed(statement: str) -> str:
 # What any tool built on transformers' models pays before doing anything: torch, then transformers' PreTrainedModel.
 IMPORT_FLOOR = timed("import torch; from transformers import PreTrainedModel")
 # Everything `python -m conversion bert` imports before converting (the floor included).
-IMPORT_CONVERTER = timed("import hf_vanilla, conversion.bert")
+IMPORT_CONVERTER = timed("import hf_vanilla.conversion.bert")
 # The conversion itself, once everything above is imported.
 CONVERT_IN_PROCESS = (
-    "import sys, time; import conversion.bert; t = time.perf_counter(); "
-    "conversion.bert.convert(sys.argv[1], sys.argv[2], verify_parity=sys.argv[3] == 'verify'); "
+    "import sys, time; import hf_vanilla.conversion.bert as bert; t = time.perf_counter(); "
+    "bert.convert(sys.argv[1], sys.argv[2], verify_parity=sys.argv[3] == 'verify'); "
     "print(time.perf_counter() - t)"
 )
 CONVERSION_TARGET = (3.0, 1.5)  # issue 7: under 3 s for bert-base, peak memory under 1.5x the checkpoint
@@ -354,7 +354,7 @@ def run_conversion_case(repeats: int = 5):
         size = sum(f.stat().st_size for f in source.glob("*.safetensors")) / 2**20
         floor_s = min(seconds_reported_by(IMPORT_FLOOR) for _ in range(repeats))
         imports_s = min(seconds_reported_by(IMPORT_CONVERTER) for _ in range(repeats))
-        _, idle_mib = max_rss_of([sys.executable, "-c", "import hf_vanilla, conversion.bert"])
+        _, idle_mib = max_rss_of([sys.executable, "-c", "import hf_vanilla.conversion.bert"])
         rows = []
         for verify in (False, True):
             target = Path(tmp, "vanilla")

@@ -13,7 +13,7 @@ Engines, each given the same number of threads (--threads, default 2):
                     groups of similar length; the other heads and the decoder in PyTorch
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
-    ORT             ONNX Runtime on our own graph (`conversion.onnx_export.export_encoder`, torch.onnx dynamo)
+    ORT             ONNX Runtime on our own graph (`hf_vanilla.conversion.onnx_export.export_encoder`, torch.onnx dynamo)
     ORT fused       that graph through `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`
     CT2             CTranslate2: `TransformersConverter` on the saved transformers checkpoint; `Encoder.forward_batch`
                     for encoders, `Translator.translate_batch` for Marian
@@ -69,9 +69,9 @@ from benchmark import (  # noqa: E402
 )
 from numerics import tolerance  # noqa: E402
 
-from conversion.bert import bert_to_vanilla  # noqa: E402
-from conversion.onnx_export import export_encoder  # noqa: E402
-from conversion.seq2seq import marian_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.onnx_export import export_encoder  # noqa: E402
+from hf_vanilla.conversion.seq2seq import marian_to_vanilla  # noqa: E402
 
 REFERENCE = "transformers"
 

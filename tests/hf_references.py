@@ -84,7 +84,7 @@ def converted(tmp_path_factory, minilm_path, kind: str) -> tuple[Path, Path]:
 
     kind "minilm" is the real all-MiniLM-L6-v2 (a BertModel) and its conversion."""
     if kind not in _CACHE:
-        from conversion.bert import convert
+        from hf_vanilla.conversion.bert import convert
 
         root = tmp_path_factory.mktemp(f"ref-{kind}")
         if kind == "minilm":

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import conversion.bert
-import conversion.distilbert
-import conversion.electra
-import conversion.roberta
-from conversion.cli import ENCODER_FORMATS, build_parser, main
+from hf_vanilla.conversion import bert
+from hf_vanilla.conversion import distilbert
+from hf_vanilla.conversion import electra
+from hf_vanilla.conversion import roberta
+from hf_vanilla.conversion.cli import ENCODER_FORMATS, build_parser, main
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "roberta", "to-roberta", "distilbert",
@@ -48,15 +48,15 @@ def test_every_sub_command_is_there(capsys):
         main(["--help"])
     assert exit.value.code == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("usage: python -m conversion")
+    assert printed.startswith("usage: python -m hf_vanilla.conversion")  # in-process: the package's name
     for name in SUB_COMMANDS:
         assert f"\n    {name} " in printed or f"\n    {name}\n" in printed, name
 
 
 def test_head_and_model_type_choices_are_the_converters():
     """The light parser names each format's heads without importing the converters: the same names they convert."""
-    formats = {"bert": conversion.bert.FORMAT, "roberta": conversion.roberta.FORMAT,
-               "distilbert": conversion.distilbert.FORMAT, "electra": conversion.electra.FORMAT}
+    formats = {"bert": bert.FORMAT, "roberta": roberta.FORMAT,
+               "distilbert": distilbert.FORMAT, "electra": electra.FORMAT}
     for name, (_, heads, model_types) in ENCODER_FORMATS.items():
         assert list(heads) == list(formats[name].heads), name
         assert list(model_types) == list(formats[name].model_types), name
@@ -70,7 +70,7 @@ def test_in_process_conversion(tmp_path, capsys):
     assert main(["bert", "--source", tmp_path / "bert", "--output", tmp_path / "out"]) == 0
     assert capsys.readouterr().out.endswith(f"Wrote {tmp_path / 'out'}\n")
     card = (tmp_path / "out" / "README.md").read_text()
-    assert f"python -m conversion bert --source {tmp_path / 'bert'} --output {tmp_path / 'out'}" in card
+    assert f"python -m hf_vanilla.conversion bert --source {tmp_path / 'bert'} --output {tmp_path / 'out'}" in card
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["bert", "--help"], ["onnx", "--help"], ["bert", "--source", "x"]])
@@ -137,9 +137,9 @@ def test_installed_command(wheel, tmp_path):
     shown = installed(command, "--help")
     assert shown.returncode == 0 and shown.stdout.startswith("usage: hf-vanilla [-h] FORMAT")
     # What the console script does (import the entry point's module with argv[0] = the command), observed.
-    probe = ("import json, sys\nsys.argv = [sys.argv[1], 'bert', '--help']\ntry:\n    import hf_vanilla.conversion.cli"
-             "\nexcept SystemExit as exit:\n    status = exit.code\nprint(json.dumps([status, sorted({'torch', "
-             "'transformers'} & set(sys.modules))]))")
+    probe = ("import json, sys\nsys.argv = [sys.argv[1], 'bert', '--help']\nfrom hf_vanilla.conversion.cli import "
+             "command_line\ntry:\n    command_line()\nexcept SystemExit as exit:\n    status = exit.code\n"
+             "print(json.dumps([status, sorted({'torch', 'transformers'} & set(sys.modules))]))")
     assert json.loads(installed(python, "-c", probe, command).stdout.splitlines()[-1]) == [0, []]
 
     from transformers import BertConfig, BertModel

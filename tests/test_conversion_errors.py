@@ -25,10 +25,10 @@ from transformers import (
     GPT2Model,
 )
 
-import conversion.bert
-import conversion.common
-from conversion.__main__ import main
-from conversion.common import EncoderFormat
+from hf_vanilla.conversion import bert
+from hf_vanilla.conversion import common
+from hf_vanilla.conversion.cli import main
+from hf_vanilla.conversion.common import EncoderFormat
 from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 
 # ---- config validation ------------------------------------------------------------------------------------------
@@ -279,8 +279,8 @@ def test_mismapped_key_fails_verification(tmp_path, source, capsys, monkeypatch)
     transformers' BERT, which places the same tensors by its own names, catches it."""
     swapped = {"encoder.layers.{i}.self_attn.q_proj": "encoder.layers.{i}.self_attn.k_proj",
                "encoder.layers.{i}.self_attn.k_proj": "encoder.layers.{i}.self_attn.q_proj"}
-    table = tuple((bert, swapped.get(ours, ours)) for bert, ours in conversion.bert.ENCODER_TABLE)
-    monkeypatch.setattr(conversion.bert, "FORMAT", replace(conversion.bert.FORMAT, encoder_table=table))
+    table = tuple((bert, swapped.get(ours, ours)) for bert, ours in bert.ENCODER_TABLE)
+    monkeypatch.setattr(bert, "FORMAT", replace(bert.FORMAT, encoder_table=table))
     output = tmp_path / "out"
     printed = assert_refused(capsys, output, "Parity check failed: .*Nothing was written",
                              "bert", "--source", source, "--output", output)
@@ -355,7 +355,7 @@ def test_force_keeps_the_old_output_when_interrupted(source, existing_output, mo
         raise KeyboardInterrupt
 
     before = snapshot(existing_output)
-    monkeypatch.setattr(conversion.common, "save_checkpoint", interrupted)
+    monkeypatch.setattr(common, "save_checkpoint", interrupted)
     with pytest.raises(KeyboardInterrupt):
         main(["bert", "--source", str(source), "--output", str(existing_output), "--force", "--no-verify"])
     assert snapshot(existing_output) == before

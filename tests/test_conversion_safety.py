@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import conversion.common
-from conversion.__main__ import main
-from conversion.output import MANIFEST, OWNER, not_ours
+from hf_vanilla.conversion import common
+from hf_vanilla.conversion.cli import main
+from hf_vanilla.conversion.output import MANIFEST, OWNER, not_ours
 from test_conversion_errors import tiny_bert_dir  # noqa: F401  (the tiny BERT fixture, shared)
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -124,13 +124,13 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
     """Even an empty folder (which `os.rename` would silently replace) that the user creates while the converter
     writes is left as it is, and the conversion fails."""
     output = workspace / "converted"
-    save = conversion.common.save_checkpoint
+    save = common.save_checkpoint
 
     def save_then_user_creates_output(model, directory, *args):
         save(model, directory, *args)
         output.mkdir()
 
-    monkeypatch.setattr(conversion.common, "save_checkpoint", save_then_user_creates_output)
+    monkeypatch.setattr(common, "save_checkpoint", save_then_user_creates_output)
     refused(capsys, ["bert", "--source", "models/bert", "--output", output, "--no-verify"],
             "appeared while this conversion ran")
     assert output.is_dir() and list(output.iterdir()) == []
@@ -144,7 +144,7 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
 PAUSED_CONVERSION = """
 import importlib, sys, time
 from pathlib import Path
-from conversion.cli import main
+from hf_vanilla.conversion.cli import main
 
 ready, go, at, when = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 module_name, name = at.rsplit(".", 1)
@@ -167,7 +167,7 @@ sys.exit(main(sys.argv[5:]))
 """
 
 
-def start_paused(source, output, ready, go, *extra, at="conversion.common.save_checkpoint", when="after"):
+def start_paused(source, output, ready, go, *extra, at="common.save_checkpoint", when="after"):
     argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
     env = os.environ | {"PYTHONPATH": str(REPOSITORY), "HF_HUB_OFFLINE": "1"}
@@ -229,7 +229,7 @@ def test_a_signal_while_force_swaps_outputs_puts_the_earlier_one_back(tiny_bert_
     assert convert(tiny_bert_dir, output) == 0
     before = {p.name: p.read_bytes() for p in output.iterdir()}
     process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
-                           at="conversion.output._place", when="before")
+                           at="output._place", when="before")
     wait_for(tmp_path / "ready", process)
     assert not output.exists()  # moved aside: the moment it could be lost
     process.send_signal(signal.SIGTERM)
@@ -366,7 +366,7 @@ def read_only(model, directory, *args):
     (read_only, "out/model.safetensors: the file system is read-only: choose an --output on a writable disk"),
 ])
 def test_write_errors_are_clear(tiny_bert_dir, tmp_path, capsys, monkeypatch, fail, message):
-    monkeypatch.setattr(conversion.common, "save_checkpoint", fail)
+    monkeypatch.setattr(common, "save_checkpoint", fail)
     output = tmp_path / "new" / "out"
     err = refused(capsys, ["bert", "--source", tiny_bert_dir, "--output", output, "--no-verify"], message)
     assert ".partial-" not in err  # the message names the output the user chose, not the hidden staging folder
@@ -424,7 +424,7 @@ def test_a_bug_is_named_as_one(tiny_bert_dir, tmp_path, capsys, monkeypatch):
     def bug(*args):
         raise TypeError("something the converter got wrong")
 
-    monkeypatch.setattr(conversion.common.EncoderFormat, "to_vanilla", bug)
+    monkeypatch.setattr(common.EncoderFormat, "to_vanilla", bug)
     assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err == ("error: unexpected TypeError: something the converter got wrong. This is a bug in the converter: "

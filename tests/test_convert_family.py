@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import pipeline
 
 import hf_vanilla
-from conversion.__main__ import main
+from hf_vanilla.conversion.cli import main
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LABELS = {0: "O", 1: "B-PER", 2: "I-PER"}

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer, BertConfig, BertForPreTraining
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
-from conversion.__main__ import main
+from hf_vanilla.conversion.cli import main
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
 from hf_vanilla.modeling_vanilla import additive_mask
 

@@ -25,8 +25,8 @@ from numerics import assert_close
 from test_accelerate import launch
 from transformers import BertConfig, BertForMaskedLM
 
-from conversion.bert import bert_to_vanilla
-from conversion.common import verification_batch
+from hf_vanilla.conversion.bert import bert_to_vanilla
+from hf_vanilla.conversion.common import verification_batch
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
 pytestmark = pytest.mark.gpu

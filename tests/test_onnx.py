@@ -27,8 +27,8 @@ from numerics import assert_close  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
-from conversion import onnx_export  # noqa: E402
-from conversion.__main__ import main  # noqa: E402
+from hf_vanilla.conversion import onnx_export  # noqa: E402
+from hf_vanilla.conversion.cli import main  # noqa: E402
 from hf_vanilla import (  # noqa: E402
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,

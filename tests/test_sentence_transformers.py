@@ -17,7 +17,7 @@ pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling  # noqa: E402
 
-from conversion.__main__ import main  # noqa: E402
+from hf_vanilla.conversion.cli import main  # noqa: E402
 
 SENTENCES = [
     "A man is eating food.",

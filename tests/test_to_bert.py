@@ -17,7 +17,7 @@ from numerics import assert_close
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
 
-from conversion.__main__ import main
+from hf_vanilla.conversion.cli import main
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,

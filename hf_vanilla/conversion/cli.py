@@ -146,17 +146,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def _prog() -> str:
     """How the user called us, for usage lines and the command recorded on model cards."""
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if name.removesuffix(".exe") == "hf-vanilla":
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if os.path.basename(script).removesuffix(".exe") == "hf-vanilla":
         return "hf-vanilla"
+    if os.path.basename(os.path.dirname(os.path.abspath(script))) == "conversion" and not script.endswith(
+            os.path.join("hf_vanilla", "conversion", "__main__.py")):
+        return "python -m conversion"  # the repository's runner, conversion/__main__.py
     return f"python -m {__package__}"
-
-
-def answer_without_models(argv=None) -> None:
-    """Parse the command line; `--help` and usage errors end the process here (argparse's SystemExit), before
-    anything heavy is imported. `hf_vanilla/__init__.py` calls this first when the process is the `hf-vanilla`
-    command, because Python imports that package (and transformers with it) before the command's own module."""
-    build_parser(_prog()).parse_args(argv)
 
 
 def main(argv=None) -> int:
