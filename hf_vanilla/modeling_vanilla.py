@@ -44,6 +44,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .compat import cache_field, one_cache
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .kernels import VanillaLinear
 from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
@@ -444,6 +445,11 @@ class VanillaStack(nn.Module):
             start = config.position_offset + past_length  # a tensor only for a static cache while tracing
             position_ids = (torch.arange(start, start + T, device=inputs.device) if isinstance(start, int)
                             else torch.arange(T, device=inputs.device) + start)
+        elif self.is_decoder:
+            # A causal stack takes positions counted from 0, as `generate` derives them from a left-padded mask
+            # (GPT-2's convention; BART adds its table's offset the same way). An encoder takes the table's rows, as
+            # BERT and RoBERTa do.
+            position_ids = position_ids + config.position_offset
         # (T,) or (1, T), shared by every row, -> (B, T): the packed path gathers them token by token.
         position_ids = position_ids.expand(B, T)
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
@@ -488,7 +494,7 @@ class VanillaStack(nn.Module):
             all_hidden_states = list(map(packed.unpack, all_hidden_states)) if output_hidden_states else None
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **cache_field(past_key_values if use_cache else None),
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
@@ -510,7 +516,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["VanillaEmbeddings", "VanillaEncoderLayer", "VanillaDecoderLayer"]  # narrowed in post_init
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]  # the cache's name before and since transformers 5.24
     # One graph per shape: checks of values and the padding-free path step aside while tracing, and a static cache's
     # length is read from the cache, so `generate` may compile the forward (tests/test_heads.py compiles a step).
     _can_compile_fullgraph = True
@@ -658,13 +664,15 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
         self.encoder.embeddings.word_embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, past_key_values=None, use_cache=None, output_attentions=None,
+                inputs_embeds=None, cache=None, past_key_values=None, use_cache=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         """input_ids, attention_mask, token_type_ids: (B, T). Returns last_hidden_state (B, T, E), pooler_output
-        (B, E), and per layer the hidden states (B, T, E) and attention weights (B, H, T, T) when asked."""
-        out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                           past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+        (B, E), and per layer the hidden states (B, T, E) and attention weights (B, H, T, T) when asked.
+        `cache` (`past_key_values` before transformers 5.24): the causal LM's key/value cache."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           position_ids=position_ids, inputs_embeds=inputs_embeds,
+                           past_key_values=one_cache(cache, past_key_values), use_cache=use_cache,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states)
         pooled = torch.tanh(self.pooler(out.last_hidden_state[:, 0])) if self.pooler is not None else None  # (B, E)
         return self._output(BaseModelOutputWithPoolingAndCrossAttentions, out, return_dict, pooler_output=pooled)
 
@@ -732,13 +740,15 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                past_key_values=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                cache=None, past_key_values=None, labels=None, use_cache=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
-        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
+        position_ids: (B, T) counted from 0 (`generate` derives them from a left-padded mask).
+        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
+        `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
-                           output_hidden_states, past_key_values=past_key_values, use_cache=use_cache)
+                           output_hidden_states, cache=one_cache(cache, past_key_values), use_cache=use_cache)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
@@ -987,11 +997,12 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                return_dict=None, cache=None, **kwargs):
         """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
         segments. `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from
         `return_dict=False`. Returns the decoder's last_hidden_state (B, T, E), the encoder's (B, S, E), and the
         cache, hidden states and attention weights of both stacks when asked."""
+        past_key_values = one_cache(cache, past_key_values)  # `cache` since transformers 5.24
         if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
                                                    self.config.decoder_start_token_id)
@@ -1059,16 +1070,20 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+                output_hidden_states=None, return_dict=None, cache=None, **kwargs):
         """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right.
-        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
+        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
+        `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
             use_cache = False
-        out = self.model(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
-                         past_key_values, token_type_ids, inputs_embeds, decoder_inputs_embeds, use_cache,
-                         output_attentions, output_hidden_states, return_dict=True)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                         decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+                         cache=one_cache(cache, past_key_values), token_type_ids=token_type_ids,
+                         inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         return self._output(Seq2SeqLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
@@ -1159,14 +1174,20 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.decoder.embeddings.word_embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        """input_ids, attention_mask: (B, T). Returns last_hidden_state (B, T, E) and, when asked, the cache and
-        the hidden states and attention weights of every layer. Positions count from the start of the input,
-        padding included, as BartForCausalLM's do (it takes no `position_ids`, so neither does this: `generate`
-        would pass positions without the table's offset)."""
-        out = self.decoder(input_ids, attention_mask, inputs_embeds=inputs_embeds,
-                           past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
+                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """input_ids, attention_mask: (B, T). Returns last_hidden_state (B, T, E) and, when asked, the cache
+        (`cache`, or `past_key_values` before transformers 5.24) and the hidden states and attention weights of
+        every layer.
+
+        position_ids: (B, T), each token's position counted from 0 (the table's `position_offset` is added here).
+        Left padding needs them, as in GPT-2: with a prompt padded on the left, its first real token is at position
+        0, not at the padding's width. `generate` derives them from `attention_mask`; without them positions count
+        from the left edge of the input."""
+        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           inputs_embeds=inputs_embeds, past_key_values=one_cache(cache, past_key_values),
+                           use_cache=use_cache, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states)
         return self._output(BaseModelOutputWithPastAndCrossAttentions, out, return_dict)
 
@@ -1184,13 +1205,17 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, past_key_values=None, labels=None,
-                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
+                past_key_values=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
-        Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step."""
+        position_ids: (B, T) counted from 0, as in `VanillaDecoderModel`. Returns logits (B, T, V) and, with
+        `use_cache`, the key/value cache for the next step (`cache`, or `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self.model(input_ids, attention_mask, inputs_embeds, past_key_values, use_cache,
-                         output_attentions, output_hidden_states, return_dict=True)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, cache=one_cache(cache, past_key_values), use_cache=use_cache,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
         logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)

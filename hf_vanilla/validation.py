@@ -93,8 +93,12 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
             f"{config.position_offset}): truncate the input, e.g. tokenizer(..., truncation=True, "
             f"max_length={max_length}){fix}."
         )
-    _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
-                 "pass positions below the table's length, or truncate the input")
+    if is_decoder and config.position_offset:  # a causal stack counts positions from 0 and adds the offset
+        _check_range("position_ids", position_ids, max_length, "max_position_embeddings - position_offset",
+                     "pass positions counted from 0 below that, or truncate the input")
+    else:
+        _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
+                     "pass positions below the table's length, or truncate the input")
 
 
 def self_attention_cache(past_key_values):

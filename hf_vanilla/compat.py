@@ -1,0 +1,33 @@
+"""The one place that knows how transformers versions differ (pyproject.toml declares the supported range; CI
+tests its two ends). Nothing else in the package reads a version.
+
+transformers 5.24 renamed the generation cache from `past_key_values` to `cache`: `generate` passes `cache=` to
+`forward`, reads the next step's cache back from `outputs["cache"]`, and the output classes
+(`BaseModelOutputWithPast...`, `Seq2SeqLMOutput`, ...) carry a `cache` field; building one with `past_key_values=`
+still works there but logs a deprecation warning. Before 5.24 all three were `past_key_values`. A forward that took
+only `past_key_values` and swallowed `**kwargs` got no cache from 5.24's `generate` and decoded every step from the
+newest token alone: no error, wrong tokens. So every forward takes both names, and every output names the cache
+the way the installed transformers reads it.
+"""
+
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+# The name of the cache field on transformers' output classes, and so the one `generate` reads back.
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def one_cache(cache, past_key_values):
+    """The key/value cache passed under either name: `cache` (what 5.24+'s `generate` passes) or `past_key_values`
+    (what it passed before, and what callers written for those versions pass)."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("Got two key/value caches, cache= and past_key_values=: pass one (cache= on transformers "
+                         "5.24 and later, past_key_values= before).")
+    return past_key_values if cache is None else cache
+
+
+def cache_field(cache) -> dict:
+    """`{field name: cache}` to build an output class with, under the name the installed transformers reads."""
+    return {CACHE_FIELD: cache}
+
+
+__all__ = ["CACHE_FIELD", "cache_field", "one_cache"]
