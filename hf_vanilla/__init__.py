@@ -11,7 +11,6 @@ after its own import, whichever module imports it.
 
 import importlib
 import importlib.abc
-import importlib.util
 import sys
 
 __version__ = "0.2.0"
@@ -20,35 +19,49 @@ __version__ = "0.2.0"
 _PUBLIC_MODULES = ("auto", "configuration_vanilla", "modeling_vanilla")
 
 
-def _register() -> None:
-    importlib.import_module(".auto", __name__).register()
+class _RegisterWithTransformers(importlib.abc.MetaPathFinder):
+    """Runs the Auto registration as soon as it can: once transformers is imported and no module of this package
+    is halfway through its own import (the registration imports them all, and a module that imports transformers
+    before its own classes are defined would otherwise be asked for them too early).
 
+    It finds nothing itself: for `transformers` and this package's modules it lets the other finders find them,
+    then tries the registration after each has run. Once the registration has run it leaves `sys.meta_path`."""
 
-class _RegisterAfterTransformers(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when `transformers` is about to be imported, it lets the other finders find it and
-    runs the registration right after transformers' own module has run."""
+    def __init__(self):
+        self.importing = set()  # this package's modules whose code is running
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "transformers":
+        if fullname != "transformers" and not fullname.startswith(f"{__name__}."):
             return None
-        sys.meta_path.remove(self)  # once, and never in the way of the lookup below
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
+        later = sys.meta_path[sys.meta_path.index(self) + 1:]
+        spec = next(filter(None, (f.find_spec(fullname, path, target) for f in later if hasattr(f, "find_spec"))),
+                     None)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_register(module):
-            exec_module(module)
-            _register()
+            ours = fullname != "transformers"
+            if ours:
+                self.importing.add(fullname)
+            try:
+                exec_module(module)
+            finally:
+                self.importing.discard(fullname)
+            self.register_if_ready()
 
         spec.loader.exec_module = exec_then_register
         return spec
 
+    def register_if_ready(self):
+        if "transformers" in sys.modules and not self.importing and self in sys.meta_path:
+            sys.meta_path.remove(self)
+            importlib.import_module(".auto", __name__).register()
 
-if "transformers" in sys.modules:
-    _register()
-else:
-    sys.meta_path.insert(0, _RegisterAfterTransformers())
+
+_registration = _RegisterWithTransformers()
+sys.meta_path.insert(0, _registration)
+_registration.register_if_ready()
 
 
 def __getattr__(name):

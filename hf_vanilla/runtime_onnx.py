@@ -69,7 +69,8 @@ from transformers.modeling_outputs import (
 )
 
 from .kernels import is_tracing
-from .modeling_vanilla import VanillaEncoderModel, VanillaStack
+from .modeling_vanilla import VanillaEncoderModel
+from .transformer import VanillaStack
 from .validation import check_inputs
 
 CACHE_FORMAT = 1  # bump when the exported graph changes for the same weights

@@ -19,7 +19,7 @@ import pytest
 import torch
 from numerics import assert_close
 
-import hf_vanilla.modeling_vanilla as modeling
+import hf_vanilla.transformer as transformer_module
 from hf_vanilla.modeling_vanilla import shift_tokens_right
 from hf_vanilla import (
     VanillaEncoderConfig,
@@ -542,7 +542,7 @@ def force_very_negative_scores(model):
     overflows to -inf, so a query whose keys are all masked would get a softmax of NaN."""
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, modeling.VanillaAttention):
+            if isinstance(module, transformer_module.VanillaAttention):
                 module.q_proj.weight.zero_()
                 module.k_proj.weight.zero_()
                 module.q_proj.bias.fill_(4.0)
@@ -564,7 +564,7 @@ def test_all_padding_row_in_half_precision_padded_path(dtype):
 
 def test_additive_mask_opens_fully_masked_rows_only():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    additive = modeling.additive_mask(mask[:, None, None, :], torch.float16)
+    additive = transformer_module.additive_mask(mask[:, None, None, :], torch.float16)
     low = torch.finfo(torch.float16).min
     assert additive[0, 0, 0].tolist() == [0, 0, low]
     assert additive[1, 0, 0].tolist() == [0, 0, 0]

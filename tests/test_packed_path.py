@@ -11,7 +11,7 @@ import torch
 from numerics import assert_close
 
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
-import hf_vanilla.modeling_vanilla as modeling
+import hf_vanilla.transformer as transformer_module
 
 pytestmark = pytest.mark.numerics
 B, T = 7, 24
@@ -72,12 +72,12 @@ def test_packed_equals_padded_eager(model, attn, case, monkeypatch):
 
     packed_calls = []
 
-    class RecordedPackedBatch(modeling.PackedBatch):
+    class RecordedPackedBatch(transformer_module.PackedBatch):
         def __init__(self, *args):
             packed_calls.append(1)
             super().__init__(*args)
 
-    monkeypatch.setattr(modeling, "PackedBatch", RecordedPackedBatch)
+    monkeypatch.setattr(transformer_module, "PackedBatch", RecordedPackedBatch)
     with torch.no_grad():
         model.set_attn_implementation("eager")
         padded = model(**inputs, output_attentions=True)  # attention maps: the padded path

@@ -44,8 +44,9 @@ class GenerationTesterMixin:
 
     def test_generation_contract(self):
         raise unittest.SkipTest(
-            "transformers' GenerationTesterMixin ships only in its source repository: set {SOURCE_ENV} to a "
-            "checkout of transformers v{transformers.__version__} to run the generation tests"
+            "transformers' GenerationTesterMixin ships only in its source repository (its core claims are "
+            "tests/test_generation.py): set {SOURCE_ENV} to a checkout of transformers v{transformers.__version__} "
+            "to run it"
         )
 ''',
     "exporters/test_export.py": '''

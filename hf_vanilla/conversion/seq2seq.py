@@ -491,7 +491,7 @@ def marian_embeddings(tensors: dict, config: VanillaSeq2SeqConfig) -> dict:
 
 def check_position_tables(tensors: dict, config: VanillaSeq2SeqConfig) -> None:
     """Older checkpoints saved the sinusoids; ours are recomputed, so a saved table must be the same one."""
-    from hf_vanilla.modeling_vanilla import sinusoidal_position_table
+    from hf_vanilla.transformer import sinusoidal_position_table
 
     for stack in ("encoder", "decoder"):
         saved = tensors.get(f"model.{stack}.embed_positions.weight")
