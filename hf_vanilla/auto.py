@@ -1,51 +1,22 @@
-"""Which transformers Auto class loads which hf_vanilla model, and the registration that makes
-`AutoModel.from_pretrained(path)` load a converted checkpoint without `trust_remote_code`.
-
-Each table mirrors transformers' BERT (encoder) and BART (encoder-decoder, and its decoder alone as
-AutoModelForCausalLM). ELECTRA's discriminator (VanillaEncoderForReplacedTokenDetection) has no Auto class of its
-own: AutoModelForPreTraining is BERT's pre-training model; load it with its class.
-"""
+"""Which transformers Auto class loads which hf_vanilla model (as `heads.py` declares them), and the registration
+that makes `AutoModel.from_pretrained(path)` load a converted checkpoint without `trust_remote_code`."""
 
 import transformers
 
+from . import modeling_vanilla
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
-from .modeling_vanilla import (
-    VanillaDecoderForCausalLM,
-    VanillaEncoderForCausalLM,
-    VanillaEncoderForMaskedLM,
-    VanillaEncoderForMultipleChoice,
-    VanillaEncoderForNextSentencePrediction,
-    VanillaEncoderForPreTraining,
-    VanillaEncoderForQuestionAnswering,
-    VanillaEncoderForSequenceClassification,
-    VanillaEncoderForTokenClassification,
-    VanillaEncoderModel,
-    VanillaSeq2SeqForConditionalGeneration,
-    VanillaSeq2SeqForQuestionAnswering,
-    VanillaSeq2SeqForSequenceClassification,
-    VanillaSeq2SeqModel,
-)
+from .heads import MODELS
 from .pipelines import Seq2SeqGenerationPipeline  # noqa: F401  (importing registers "seq2seq-generation")
 
+CONFIGS = {"encoder": VanillaEncoderConfig, "seq2seq": VanillaSeq2SeqConfig}
+
+# config class -> {Auto class -> model class}
 AUTO_CLASSES = {
-    VanillaEncoderConfig: {
-        transformers.AutoModel: VanillaEncoderModel,
-        transformers.AutoModelForPreTraining: VanillaEncoderForPreTraining,
-        transformers.AutoModelForMaskedLM: VanillaEncoderForMaskedLM,
-        transformers.AutoModelForCausalLM: VanillaEncoderForCausalLM,
-        transformers.AutoModelForNextSentencePrediction: VanillaEncoderForNextSentencePrediction,
-        transformers.AutoModelForSequenceClassification: VanillaEncoderForSequenceClassification,
-        transformers.AutoModelForMultipleChoice: VanillaEncoderForMultipleChoice,
-        transformers.AutoModelForTokenClassification: VanillaEncoderForTokenClassification,
-        transformers.AutoModelForQuestionAnswering: VanillaEncoderForQuestionAnswering,
-    },
-    VanillaSeq2SeqConfig: {
-        transformers.AutoModel: VanillaSeq2SeqModel,
-        transformers.AutoModelForSeq2SeqLM: VanillaSeq2SeqForConditionalGeneration,
-        transformers.AutoModelForSequenceClassification: VanillaSeq2SeqForSequenceClassification,
-        transformers.AutoModelForQuestionAnswering: VanillaSeq2SeqForQuestionAnswering,
-        transformers.AutoModelForCausalLM: VanillaDecoderForCausalLM,
-    },
+    config_class: {
+        getattr(transformers, declared.auto_class): getattr(modeling_vanilla, name)
+        for name, declared in MODELS.items() if declared.config == family and declared.auto_class
+    }
+    for family, config_class in CONFIGS.items()
 }
 
 
@@ -62,5 +33,6 @@ def register() -> None:
         for auto_class, model_class in models.items():
             auto_class.register(config_class, model_class, exist_ok=True)
             model_class.register_for_auto_class(auto_class.__name__)
+
 
 __all__ = ["AUTO_CLASSES"]

@@ -1,0 +1,60 @@
+"""Every model class hf_vanilla ships, declared once, with what follows from it elsewhere.
+
+A row names the class (defined in `modeling_vanilla.py`) and:
+    config ....... which config it takes: the encoder's or the encoder-decoder's
+    auto_class ... the transformers Auto class that loads it (`auto.py` registers it; None: load it by its class)
+    head ......... its name as a converter's `--head` choice (BERT-family formats), where a converter writes it
+    export_task .. its `python -m conversion onnx --task`, where it exports
+
+`modeling_vanilla.__all__`, the Auto registration, the converters' heads and the ONNX export tasks are read from
+here, so adding a head is this one row plus its class. This module imports nothing: the command line reads it to
+list choices without loading torch.
+"""
+
+from typing import NamedTuple
+
+
+class Declared(NamedTuple):
+    config: str  # "encoder" (VanillaEncoderConfig) or "seq2seq" (VanillaSeq2SeqConfig)
+    auto_class: str | None
+    head: str | None = None
+    export_task: str | None = None
+
+
+# Each mirrors transformers' BERT (encoder) and BART (encoder-decoder, and its decoder alone as a causal LM).
+# ELECTRA's discriminator has no Auto class of its own: AutoModelForPreTraining is BERT's pre-training model.
+MODELS = {
+    "VanillaEncoderModel": Declared("encoder", "AutoModel", "base", "feature-extraction"),
+    "VanillaEncoderForPreTraining": Declared("encoder", "AutoModelForPreTraining", "pretraining"),
+    "VanillaEncoderForMaskedLM": Declared("encoder", "AutoModelForMaskedLM", "masked-lm", "fill-mask"),
+    "VanillaEncoderForCausalLM": Declared("encoder", "AutoModelForCausalLM", "causal-lm"),
+    "VanillaEncoderForNextSentencePrediction": Declared("encoder", "AutoModelForNextSentencePrediction",
+                                                        "next-sentence-prediction"),
+    "VanillaEncoderForSequenceClassification": Declared("encoder", "AutoModelForSequenceClassification",
+                                                        "sequence-classification", "text-classification"),
+    "VanillaEncoderForMultipleChoice": Declared("encoder", "AutoModelForMultipleChoice", "multiple-choice"),
+    "VanillaEncoderForTokenClassification": Declared("encoder", "AutoModelForTokenClassification",
+                                                     "token-classification", "token-classification"),
+    "VanillaEncoderForQuestionAnswering": Declared("encoder", "AutoModelForQuestionAnswering", "question-answering",
+                                                   "question-answering"),
+    "VanillaEncoderForReplacedTokenDetection": Declared("encoder", None, "replaced-token-detection"),
+    "VanillaSeq2SeqModel": Declared("seq2seq", "AutoModel"),
+    "VanillaSeq2SeqForConditionalGeneration": Declared("seq2seq", "AutoModelForSeq2SeqLM", export_task="seq2seq"),
+    "VanillaSeq2SeqForSequenceClassification": Declared("seq2seq", "AutoModelForSequenceClassification"),
+    "VanillaSeq2SeqForQuestionAnswering": Declared("seq2seq", "AutoModelForQuestionAnswering"),
+    "VanillaDecoderModel": Declared("seq2seq", None),
+    "VanillaDecoderForCausalLM": Declared("seq2seq", "AutoModelForCausalLM"),
+}
+
+
+def class_for_head(head: str) -> str:
+    """The encoder class a converter's `--head` choice writes."""
+    return next(name for name, declared in MODELS.items() if declared.head == head)
+
+
+def export_tasks() -> dict[str, str]:
+    """Class name -> its ONNX export task, for the classes that export."""
+    return {name: declared.export_task for name, declared in MODELS.items() if declared.export_task}
+
+
+__all__ = ["MODELS", "Declared", "class_for_head", "export_tasks"]
