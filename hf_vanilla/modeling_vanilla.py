@@ -32,9 +32,13 @@ from transformers.modeling_outputs import (
 
 from .compat import one_cache
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+from .heads import MODELS
 from .kernels import VanillaLinear
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
-from .validation import check_choices, check_eos_tokens, check_labels, check_sequence_labels, check_target
+from .validation import (
+    check_choices, check_eos_tokens, check_labels, check_sequence_labels, check_span_positions, check_target,
+    check_token_labels,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. The base
@@ -396,7 +400,8 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
                 labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """input_ids, attention_mask, token_type_ids: (B, C, T); labels: (B,) the index of the right choice.
         Returns logits (B, C)."""
-        B, C = check_choices(input_ids, inputs_embeds)
+        B, C = check_choices(input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                             position_ids=position_ids)
         check_labels(labels, C, "the number of choices")
 
         def flat(x):  # (B, C, T, ...) -> (B * C, T, ...): every choice is a sequence of its own
@@ -444,6 +449,7 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
                 return_dict=None, **kwargs):
         """start_positions, end_positions: (B,) token indices of the answer span (outside the input: ignored).
         Returns start_logits and end_logits, (B, T) each."""
+        check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states)
@@ -494,6 +500,9 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
                 labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T), 1 where the token was replaced and 0 where it is the original. Returns logits (B, T):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        if inputs is not None:
+            check_token_labels(labels, inputs.shape[:2], "1 where the token was replaced, 0 where it is the original")
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states)
@@ -653,7 +662,7 @@ class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
                 encoder_outputs=None, token_type_ids=None, labels=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         """input_ids: (B, S), each row with the same number of `eos_token_id`s. Returns logits (B, num_labels)."""
-        check_eos_tokens(input_ids, self.config.eos_token_id)
+        check_eos_tokens(input_ids, self.config.eos_token_id, decoder_input_ids)
         check_sequence_labels(self.config, labels)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                          decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
@@ -682,6 +691,7 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
                 return_dict=None, **kwargs):
         """start_positions, end_positions: (B,) token indices of the answer span. Returns start_logits and
         end_logits, (B, T) each."""
+        check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                          decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
                          token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, use_cache=False,
@@ -774,22 +784,5 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
 
 
-__all__ = [
-    "VanillaPreTrainedModel",
-    "VanillaEncoderModel",
-    "VanillaEncoderForMaskedLM",
-    "VanillaEncoderForCausalLM",
-    "VanillaEncoderForPreTraining",
-    "VanillaEncoderForNextSentencePrediction",
-    "VanillaEncoderForSequenceClassification",
-    "VanillaEncoderForMultipleChoice",
-    "VanillaEncoderForTokenClassification",
-    "VanillaEncoderForQuestionAnswering",
-    "VanillaEncoderForReplacedTokenDetection",
-    "VanillaSeq2SeqModel",
-    "VanillaSeq2SeqForConditionalGeneration",
-    "VanillaSeq2SeqForSequenceClassification",
-    "VanillaSeq2SeqForQuestionAnswering",
-    "VanillaDecoderModel",
-    "VanillaDecoderForCausalLM",
-]
+# The public classes: the base, and every model `heads.py` declares (each defined above).
+__all__ = ["VanillaPreTrainedModel", *MODELS]

@@ -9,8 +9,9 @@ one per row. The result is scattered back to (B, T, E) once, at the end.
 
 What it guarantees: at every real token the output equals the padded computation's up to float32 rounding (the
 same sums over the same keys, in another kernel); padding positions come back as zeros. It is used only where
-nothing else can differ: an encoder (no causal mask, no cache), a 2-D padding mask with at least one token, no
-attention maps asked for, and not while tracing or exporting (shapes here depend on the mask's values).
+nothing else can differ: an encoder (no causal mask, no cache), a 2-D padding mask whose every row starts with a
+real token (what the heads read at position 0 is then a real token's state on both paths), no attention maps
+asked for, and not while tracing or exporting (shapes here depend on the mask's values).
 """
 
 import itertools
@@ -35,7 +36,11 @@ def can_pack(attention_mask, output_attentions: bool) -> bool:
         and not output_attentions
         and not is_tracing()
         and not attention_mask.all()
-        and bool(attention_mask.any())  # a batch of nothing but padding has no token to pack
+        # Every row starts with a real token: right padding, as BERT-family tokenizers pad. Position 0 is what the
+        # pooled heads read ([CLS]); on a left-padded row it is padding, which the padded path computes (as
+        # transformers' BERT does) and the packed path would leave at zero, so that rows read the same whichever
+        # path runs, a batch with a row that starts with padding (or is all padding) is not packed.
+        and bool(attention_mask[:, 0].all())
     )
 
 
@@ -46,7 +51,7 @@ class PackedBatch:
         self.batch_size, self.length = attention_mask.shape  # B, T
         keep = attention_mask.bool()
         self.indices = keep.flatten().nonzero().squeeze(1)  # (N,): where the real tokens sit in the flattened batch
-        self.seq_lens = [n for n in keep.sum(1).tolist() if n > 0]  # a row that is all padding has nothing to attend
+        self.seq_lens = keep.sum(1).tolist()  # every row has a token: `can_pack` packs no row that starts with padding
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...); None stays None."""

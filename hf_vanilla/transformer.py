@@ -413,7 +413,8 @@ class VanillaStack(nn.Module):
         check_inputs(config, is_decoder=self.is_decoder, input_ids=input_ids, inputs_embeds=inputs_embeds,
                      token_type_ids=token_type_ids, position_ids=position_ids, attention_mask=attention_mask,
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
-                     encoder_attention_mask=encoder_attention_mask)
+                     encoder_attention_mask=encoder_attention_mask,
+                     dtype=self.embeddings.word_embeddings.weight.dtype)
         B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None

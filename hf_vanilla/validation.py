@@ -23,16 +23,23 @@ ID_DTYPES = (torch.int64, torch.int32)
 
 
 def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask,
-                 past_length=0, cache=None, encoder_hidden_states=None, encoder_attention_mask=None):
+                 past_length=0, cache=None, encoder_hidden_states=None, encoder_attention_mask=None, dtype=None):
     """Refuse bad input to a stack with a message naming the problem and the fix.
 
     `past_length` counts the tokens already in the key/value `cache`, whose size also sets how many keys a 4-D
-    mask must cover (past + new tokens, or a static cache's full length)."""
+    mask must cover (past + new tokens, or a static cache's full length). `dtype`: the stack's weights', which
+    `inputs_embeds` must match (a float64 embedding would meet float32 weights in the first LayerNorm)."""
     prefix = "decoder_" if is_decoder and getattr(config, "is_encoder_decoder", False) else ""  # names the caller used
     ids_name, embeds_name, mask_name = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
     if (input_ids is None) == (inputs_embeds is None):
         hint = " (or labels, which are shifted right into decoder_input_ids)" if prefix else ""
         raise ValueError(f"Pass exactly one of {ids_name} or {embeds_name}{hint}.")
+    for name, tensor in ((ids_name, input_ids), (embeds_name, inputs_embeds), (mask_name, attention_mask),
+                         ("token_type_ids", token_type_ids), ("position_ids", position_ids),
+                         ("encoder_outputs", encoder_hidden_states), ("attention_mask", encoder_attention_mask)):
+        if tensor is not None and tensor.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device, which holds shapes but no values: pass a tensor "
+                             f"with its values (e.g. on the model's device, {name}.to(model.device) from real data).")
     if input_ids is not None:
         _check_integer(ids_name, input_ids)
         if input_ids.dim() != 2:
@@ -46,6 +53,9 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
                 f"{embeds_name} must be (batch, length, embedding_size={width}), got shape "
                 f"{tuple(inputs_embeds.shape)}."
             )
+        if dtype is not None and inputs_embeds.dtype != dtype:
+            raise ValueError(f"{embeds_name} has dtype {inputs_embeds.dtype} but the model's weights are {dtype}: "
+                             f"pass {embeds_name}.to({dtype}).")
         shape = tuple(inputs_embeds.shape[:2])
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
@@ -62,6 +72,12 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
             )
     if encoder_hidden_states is not None:
         source_shape = tuple(encoder_hidden_states.shape[:2])
+        if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"The encoder output has shape {tuple(encoder_hidden_states.shape)} but the decoder reads (batch, "
+                f"source length, hidden_size={config.hidden_size}): pass encoder_outputs from this model's own "
+                f"encoder (model.get_encoder()(input_ids, attention_mask))."
+            )
         if source_shape[0] != shape[0]:
             raise ValueError(
                 f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
@@ -121,19 +137,59 @@ def check_target(config, decoder_input_ids, decoder_inputs_embeds, decoder_atten
                  past_length=past_length)
 
 
-def check_choices(input_ids, inputs_embeds):
-    """Multiple choice encodes each (context, choice) pair as its own row: (B, C, T) ids. Returns (B, C)."""
+def check_choices(input_ids, inputs_embeds, **per_choice):
+    """Multiple choice encodes each (context, choice) pair as its own row: (B, C, T) ids, and every other per-token
+    input (`per_choice`: the mask, token types, positions) of that very shape. A (B * C, T) or (C, B, T) mask would
+    otherwise be reshaped without complaint onto the wrong rows. Returns (B, C)."""
     inputs = input_ids if input_ids is not None else inputs_embeds
     if inputs is None or inputs.dim() < 3:
         raise ValueError("Multiple choice takes input_ids of shape (batch, choices, length): one row per choice.")
-    return tuple(inputs.shape[:2])
+    shape = tuple(inputs.shape[:3])
+    for name, tensor in per_choice.items():
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)} but the choices are {shape} (batch, choices, length): pass "
+                f"one row per choice, shaped as input_ids (stack each example's choices along dimension 1)."
+            )
+    return shape[:2]
 
 
-def check_eos_tokens(input_ids, eos_token_id):
+def check_span_positions(start_positions, end_positions, inputs):
+    """Extractive QA's targets: one integer token index per sequence of `inputs` (the ids or embeddings), (B,)
+    (transformers also takes (B, 1))."""
+    for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+        if positions is None or inputs is None:
+            continue
+        batch_size = inputs.shape[0]
+        _check_integer(name, positions)
+        if positions.squeeze(-1).shape != (batch_size,):
+            raise ValueError(f"{name} has shape {tuple(positions.shape)}: pass one token index per sequence, "
+                             f"({batch_size},).")
+
+
+def check_token_labels(labels, shape, what):
+    """Per-token binary labels (ELECTRA's replaced-token detection): shape (B, T), each 0 or 1."""
+    if labels is None:
+        return
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"labels has shape {tuple(labels.shape)} but should be {tuple(shape)}, one label per token: "
+                         f"{what}.")
+    if not is_tracing() and not bool(((labels == 0) | (labels == 1)).all()):
+        raise ValueError(f"labels must hold 0 or 1, got {labels[(labels != 0) & (labels != 1)][0].item()}: {what}.")
+
+
+def check_eos_tokens(input_ids, eos_token_id, decoder_inputs=None):
     """The encoder-decoder's sequence classifier reads the decoder state at each row's last end-of-sequence token,
-    gathered as one (B, count) block: every row needs one, and the same number of them."""
+    gathered as one (B, count) block: every row needs one, and the same number of them; and the decoder must read
+    as many positions as the source has (`decoder_inputs`: the ids or embeddings the caller gave the decoder)."""
     if input_ids is None:
         raise ValueError("Sequence classification reads the decoder state at the last eos token: pass input_ids.")
+    if decoder_inputs is not None and tuple(decoder_inputs.shape[:2]) != tuple(input_ids.shape):
+        raise ValueError(
+            f"The decoder input has shape {tuple(decoder_inputs.shape[:2])} but input_ids {tuple(input_ids.shape)}: "
+            f"the classifier reads the decoder state where input_ids holds its eos, so leave decoder_input_ids out "
+            f"(the source shifted right is used) or pass one of the source's shape."
+        )
     counts = (input_ids == eos_token_id).sum(1)
     if not (counts > 0).all() or (counts != counts[0]).any():
         raise ValueError(
@@ -230,5 +286,5 @@ def _check_range(name, ids, limit, limit_name, fix):
 
 __all__ = [
     "IGNORE_INDEX", "check_choices", "check_eos_tokens", "check_inputs", "check_labels", "check_sequence_labels",
-    "check_target", "self_attention_cache",
+    "check_span_positions", "check_target", "check_token_labels", "self_attention_cache",
 ]

@@ -492,6 +492,87 @@ def test_multiple_choice_refuses_a_batch_without_choices_and_labels_past_the_las
     assert out.logits.shape == (B, 2) and torch.isfinite(out.loss)
 
 
+def test_multiple_choice_refuses_per_choice_inputs_of_another_shape():
+    """A (choices, batch, T), (batch * choices, T) or (batch, T) mask or token-type tensor would be reshaped onto
+    the wrong rows without complaint (issue 29)."""
+    model, C = head(VanillaEncoderForMultipleChoice), 2
+    choices = ids(batch=B * C).view(B, C, T)
+    for name in ("attention_mask", "token_type_ids"):
+        for shape in [(C, B, T), (B * C, T), (B, T)]:
+            assert_refused(model, [rf"{name} has shape {re.escape(str(shape))}",
+                                   rf"choices are \({B}, {C}, {T}\)", "one row per choice"],
+                           input_ids=choices, **{name: torch.ones(shape, dtype=torch.long)})
+    out = model(input_ids=choices, attention_mask=torch.ones(B, C, T, dtype=torch.long))
+    assert out.logits.shape == (B, C)
+
+
+def test_head_targets_of_the_wrong_kind_are_refused():
+    """Raw tracebacks where a one-line error belongs (issue 29): float QA positions, mis-shaped ELECTRA labels."""
+    from hf_vanilla import VanillaEncoderForQuestionAnswering, VanillaEncoderForReplacedTokenDetection
+
+    qa = head(VanillaEncoderForQuestionAnswering)
+    assert_refused(qa, [r"start_positions must hold integer ids, got dtype torch.float32"], input_ids=ids(),
+                   start_positions=torch.tensor([1.0, 2.0, 3.0]), end_positions=torch.tensor([2, 3, 4]))
+    assert_refused(qa, [r"end_positions has shape \(2,\)", r"one token index per sequence, \(3,\)"],
+                   input_ids=ids(), start_positions=torch.tensor([1, 2, 3]), end_positions=torch.tensor([2, 3]))
+    assert torch.isfinite(qa(input_ids=ids(), start_positions=torch.tensor([1, 2, 3]),
+                             end_positions=torch.tensor([[2], [3], [4]])).loss)  # (B, 1), as transformers takes
+    rtd = head(VanillaEncoderForReplacedTokenDetection)
+    assert_refused(rtd, [r"labels has shape \(3, 5\) but should be \(3, 6\)", "one label per token"],
+                   input_ids=ids(), labels=torch.zeros(B, T - 1, dtype=torch.long))
+    assert_refused(rtd, [r"labels must hold 0 or 1, got 2"], input_ids=ids(), labels=torch.full((B, T), 2))
+    assert torch.isfinite(rtd(input_ids=ids(), labels=torch.randint(0, 2, (B, T))).loss)
+
+
+def test_inputs_of_the_wrong_kind_are_refused():
+    """float64 embeddings for float32 weights, encoder outputs of another width, a mask with no values (meta), a
+    sequence classifier's decoder shorter than its source: one-line errors, before any kernel runs (issue 29)."""
+    from hf_vanilla import VanillaSeq2SeqForSequenceClassification
+
+    model = encoder()
+    embeds = model.get_input_embeddings()(ids()).double()
+    assert_refused(model, [r"inputs_embeds has dtype torch.float64 but the model's weights are torch.float32",
+                           r"inputs_embeds.to\(torch.float32\)"], inputs_embeds=embeds)
+    assert_refused(model, [r"attention_mask is on the meta device", "holds shapes but no values"], input_ids=ids(),
+                   attention_mask=torch.ones(B, T, dtype=torch.long, device="meta"))
+    generator = seq2seq()
+    decoder_refused(generator, [r"encoder output has shape \(3, 6, 8\)", r"hidden_size=16", "get_encoder"],
+                    encoder_outputs=(torch.zeros(B, T, 8),), decoder_input_ids=ids(length=4))
+    torch.manual_seed(0)
+    classifier = VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqConfig(
+        vocab_size=V, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=P, pad_token_id=0, eos_token_id=2, num_labels=3)).eval()
+    source = ids()
+    source[:, -1] = 2
+    assert_refused(classifier, [r"decoder input has shape \(3, 4\) but input_ids \(3, 6\)",
+                                "leave decoder_input_ids out"], input_ids=source, decoder_input_ids=ids(length=4))
+    assert classifier(input_ids=source).logits.shape == (B, 3)
+
+
+@pytest.mark.numerics
+def test_pooled_heads_read_a_left_padded_row_as_transformers_bert_does():
+    """Position 0 of a left-padded row is padding. transformers' BERT pools what its layers computed there, and so
+    must every path of ours (issue 29): the padding-free path used to leave it at zero, giving every left-padded row
+    the classifier's bias alone, while the attention-map path gave BERT's logits."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from hf_vanilla.conversion.bert import bert_to_vanilla
+
+    torch.manual_seed(0)
+    bert = BertForSequenceClassification(BertConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=P, num_labels=3, attn_implementation="eager")).eval()
+    ours = bert_to_vanilla(bert.state_dict(), bert.config.to_dict(), "sequence-classification").eval()
+    input_ids, mask = ids(), padded_mask()  # row 1 right-padded, row 2 left-padded
+    with torch.no_grad():
+        expected = bert(input_ids=input_ids, attention_mask=mask).logits
+        default = ours(input_ids=input_ids, attention_mask=mask).logits
+        with_maps = ours(input_ids=input_ids, attention_mask=mask, output_attentions=True).logits
+    assert (expected[2] - ours.classifier.bias).abs().max() > 1e-2  # the left-padded row is not the bias alone
+    assert_close(default, expected, msg="default path against BERT")
+    assert_close(with_maps, expected, msg="attention-map path against BERT")
+
+
 # ---- all-padding rows -----------------------------------------------------------------------------------------
 
 
