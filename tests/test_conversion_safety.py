@@ -101,6 +101,27 @@ def test_force_refuses_an_earlier_output_someone_changed(workspace, capsys):
     assert tree(output) == before
 
 
+@pytest.mark.parametrize(("listed", "message"), [
+    ("{workspace}/thesis.txt", "names '{workspace}/thesis.txt', which is not a plain relative path inside the folder"),
+    ("../../thesis.txt", "names '../../thesis.txt', which is not a plain relative path inside the folder"),
+    ("desk/thesis.txt", "holds what this converter did not write: desk"),  # desk: a link to the workspace
+])
+def test_force_deletes_nothing_a_manifest_names_outside_the_output(workspace, capsys, listed, message):
+    """A manifest is data anyone can write: `--force` deleted every file it named, the user's thesis included, when
+    the name was absolute or climbed out (or, refused already, led out through a link inside the folder)."""
+    output = workspace / "runs" / "out"
+    output.mkdir(parents=True)
+    if listed.startswith("desk/"):
+        (output / "desk").symlink_to(workspace)
+    listed = listed.format(workspace=workspace)
+    record = {"written_by": "hf_vanilla conversion", "files": {listed: {"size": 19, "mtime_ns": 0}}}
+    (output / MANIFEST).write_text(json.dumps(record))
+    before = tree(workspace)
+    refused(capsys, ["bert", "--source", "models/bert", "--output", output, "--force", "--no-verify"],
+            message.format(workspace=workspace))
+    assert tree(workspace) == before
+
+
 def test_force_refuses_a_link(workspace, capsys):
     (workspace / "link").symlink_to(workspace / "models" / "sibling")
     refused(capsys, ["bert", "--source", "models/bert", "--output", "link", "--force"], "it is a symbolic link")

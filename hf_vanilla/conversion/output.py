@@ -74,6 +74,28 @@ def apply_umask(directory: Path) -> None:
             path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
+def manifest_files(directory: Path) -> dict:
+    """The files `directory`'s manifest lists: {name: {"size": ..., "mtime_ns": ...}}, each name a plain relative path
+    inside `directory` ("1_Pooling/config.json"). FileNotFoundError without a manifest; ValueError, naming the
+    problem, for anything else: not JSON, another layout, or a name that is absolute, climbs out with `..`, or is not
+    written plainly ("./a", "a//b"). A manifest is data in a folder anyone may write to, and `--force` deletes the
+    files it lists: "/home/me/thesis.txt" or "../../thesis.txt" there must make the folder not ours, not reach
+    `unlink`. (A name that passes can still lead outside through a symbolic link inside the folder: `not_ours` finds
+    the links, which this converter never writes.)"""
+    record = json.loads((directory / MANIFEST).read_text())
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError("it has no files table")
+    for name, entry in files.items():
+        path = Path(name)
+        if path.anchor or not path.parts or ".." in path.parts or path.as_posix() != name:
+            raise ValueError(f"it names {name!r}, which is not a plain relative path inside the folder")
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("mtime_ns"), int)):
+            raise ValueError(f"its entry for {name} has no size and modification time")
+    return files
+
+
 def not_ours(output: Path) -> str | None:
     """Why `output` is not an untouched earlier output of this converter, or None when it is one (an empty folder
     holds nothing to lose, and counts as one)."""
@@ -85,11 +107,11 @@ def not_ours(output: Path) -> str | None:
     if not entries:
         return None
     try:
-        files = json.loads((output / MANIFEST).read_text())["files"]
+        files = manifest_files(output)
     except FileNotFoundError:
         return f"it has no {MANIFEST}, so this converter did not write it"
-    except (ValueError, TypeError, KeyError):
-        return f"its {MANIFEST} is not one this converter wrote"
+    except ValueError as error:
+        return f"its {MANIFEST} is not one this converter wrote ({error})"
     folders = {parent.as_posix() for name in files for parent in Path(name).parents}
     foreign = []
     for name in entries:
@@ -159,7 +181,7 @@ def rename_noreplace(source: Path, target: Path) -> None:
 def remove_written(directory: Path) -> None:
     """Delete a folder `not_ours` accepted: only the files its manifest lists, then the folders left empty."""
     try:
-        listed = json.loads((directory / MANIFEST).read_text())["files"]
+        listed = manifest_files(directory)
     except FileNotFoundError:
         listed = {}
     for name in [*listed, MANIFEST]:
@@ -204,7 +226,7 @@ def _remove_old(old: Path, output: Path) -> None:
     deleted but set aside beside the output, and said so."""
     try:
         remove_written(old)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: its manifest was rewritten after the check
         kept = output.with_name(f".{output.name}.replaced-{os.getpid()}")
         os.rename(old, kept)
         print(f"Note: {output} was replaced; what was added to the old one meanwhile is kept in {kept}.")
