@@ -188,7 +188,7 @@ sys.exit(main(sys.argv[5:]))
 """
 
 
-def start_paused(source, output, ready, go, *extra, at="common.save_checkpoint", when="after"):
+def start_paused(source, output, ready, go, *extra, at="hf_vanilla.conversion.common.save_checkpoint", when="after"):
     argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
     env = os.environ | {"PYTHONPATH": str(REPOSITORY), "HF_HUB_OFFLINE": "1"}
@@ -250,7 +250,7 @@ def test_a_signal_while_force_swaps_outputs_puts_the_earlier_one_back(tiny_bert_
     assert convert(tiny_bert_dir, output) == 0
     before = {p.name: p.read_bytes() for p in output.iterdir()}
     process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
-                           at="output._place", when="before")
+                           at="hf_vanilla.conversion.output._place", when="before")
     wait_for(tmp_path / "ready", process)
     assert not output.exists()  # moved aside: the moment it could be lost
     process.send_signal(signal.SIGTERM)
