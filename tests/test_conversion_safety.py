@@ -259,6 +259,28 @@ def test_a_signal_while_force_swaps_outputs_puts_the_earlier_one_back(tiny_bert_
     assert partial_folders(output) == []
 
 
+def test_a_kill_during_the_swap_is_undone_by_the_next_run_which_then_tells_the_truth(tiny_bert_dir, tmp_path, capsys):
+    """SIGKILL while `--force` had the earlier output moved aside: the next conversion puts it back first, and so,
+    without --force, refuses because the output exists, rather than converting and then reporting that it "appeared
+    while this conversion ran" (it had put it there itself)."""
+    output = tmp_path / "out"
+    assert convert(tiny_bert_dir, output) == 0
+    before = tree(output)
+    process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
+                           at="hf_vanilla.conversion.output._place", when="before")
+    wait_for(tmp_path / "ready", process)
+    process.kill()
+    process.wait(timeout=300)
+    assert not output.exists()
+    capsys.readouterr()
+    status = convert(tiny_bert_dir, output)
+    printed = capsys.readouterr()
+    assert status == 2 and f"Note: restored {output}, which an interrupted conversion had moved aside" in printed.out
+    assert printed.err == (f"error: {output} already exists; pass --force to replace an earlier output of this "
+                           f"converter, or choose another --output.\n")
+    assert tree(output) == before and partial_folders(output) == []
+
+
 def test_killed_conversion_is_cleaned_up_by_the_next(tiny_bert_dir, tmp_path, capsys):
     output = tmp_path / "out"
     process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go")

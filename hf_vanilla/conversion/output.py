@@ -366,6 +366,11 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
     `sources`: the folders the conversion reads, which `output` may neither be nor hold. See the module's docstring
     for what is refused, what `force` replaces, and what is left behind after a failure or a signal (nothing)."""
     output = Path(os.path.abspath(output))
+    try:
+        # First: an earlier output that a killed `--force` had moved aside is back before the checks judge `output`.
+        remove_leftovers(output)
+    except OSError as error:
+        raise ConversionError(f"Cannot write {output}: {describe_io_error(error)}.") from None
     check_output(output, force, tuple(sources))
     created, work = [], None
 
@@ -380,7 +385,6 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
         try:
             try:
                 created = _make_parents(output.parent)
-                remove_leftovers(output)
                 work = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
                 (work / OWNER).write_text(json.dumps(_owner()))
                 staging = work / "new"
