@@ -48,6 +48,8 @@ from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
         ({"position_embedding_type": "rotary"}, r"Unknown position_embedding_type 'rotary'; choose one of .*learned"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps must be > 0"),
         ({"hidden_dropout_prob": 1.5}, r"hidden_dropout_prob must be in \[0, 1\)"),
+        ({"vocab_size": 99, "pad_token_id": 99}, r"pad_token_id \(99\) is not a row of the embedding table \(ids 0 to "
+                                                 r"vocab_size-1=98\)"),
     ],
 )
 def test_invalid_encoder_config(fields, message):
@@ -171,6 +173,33 @@ def test_config_no_model_can_be_built_from(tmp_path, source, capsys):
     output = tmp_path / "out"
     assert_refused(capsys, output, r"config.json describes no valid encoder: hidden_size \(30\) must be divisible",
                    "bert", "--source", source, "--output", output)
+
+
+# warm-start reads [CLS] and [SEP] from a tokenizer, which the tiny BERT has not: given instead.
+CONVERTERS = {"bert": [], "warm-start": ["--decoder-start-token-id", "1", "--eos-token-id", "2"]}
+
+
+@pytest.mark.parametrize("converter", list(CONVERTERS))
+def test_pad_token_id_outside_the_vocabulary(tmp_path, source, capsys, converter):
+    """A padding id past the embedding table ended in torch's AssertionError, reported as a bug in the converter."""
+    edit_config(source, pad_token_id=10**6)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"config.json describes no valid encoder: pad_token_id \(1000000\) is not a row of "
+                                   r"the embedding table \(ids 0 to vocab_size-1=98\); set it to the tokenizer's",
+                   converter, "--source", source, "--output", output, *CONVERTERS[converter])
+
+
+@pytest.mark.parametrize(("converter", "depth"), [("bert", 100_000), ("warm-start", 600)])
+def test_a_config_nested_too_deep(tmp_path, source, capsys, converter, depth):
+    """JSON's parser recurses (a RecursionError near 1000 levels), and so does transformers when it copies a config
+    (near 450): both ended as "a bug in the converter". Refused as the damaged input it is, naming the field."""
+    text = (source / "config.json").read_text().rstrip().removesuffix("}")
+    nested = '{"a": ' * depth + "1" + "}" * depth
+    (source / "config.json").write_text(f'{text}, "task_specific_params": {nested}}}')
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"config.json nests values more than 64 levels deep \(under "
+                                   r"'task_specific_params'\), as no model config does: the file is damaged",
+                   converter, "--source", source, "--output", output, *CONVERTERS[converter])
 
 
 def test_relative_positions_refused(tmp_path, source, capsys):

@@ -2,6 +2,7 @@
 build the target without a second copy of the weights, write the output atomically, and report parity."""
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,17 +62,48 @@ def resolve_source(source: str) -> Path:
         ) from None
 
 
+# How deep a JSON file the converter reads may nest. Configs nest a few levels (bert2bert: encoder -> id2label); the
+# JSON parser recurses (RecursionError near 1000 levels), and so does transformers when it copies a config (near 450).
+MAX_JSON_DEPTH = 64
+JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (brackets inside them do not count) and brackets
+
+
 def read_json(path: Path, what: str) -> dict:
-    """A JSON object from `path`; anything else (empty, malformed, a list) is an error naming the file."""
+    """A JSON object from `path`; anything else (empty, malformed, a list, nested deeper than `MAX_JSON_DEPTH`) is an
+    error naming the file."""
     try:
-        value = json.loads(path.read_text())
+        text = path.read_text()
+        value = json.loads(text)
     except ValueError as error:  # malformed, empty, or not text at all (UnicodeDecodeError)
         raise ConversionError(f"{path} is not valid JSON ({error}): the {what} is damaged. Download or save the "
                               f"checkpoint again.") from None
+    except RecursionError:
+        value = None  # too deep for the parser: `_too_deep` says where
+    where = _too_deep(text)
+    if where is not None:
+        raise ConversionError(f"{path} nests values more than {MAX_JSON_DEPTH} levels deep ({where}), as no {what} "
+                              f"does: the file is damaged or was crafted. Download or save the checkpoint again.")
     if not isinstance(value, dict):
         raise ConversionError(f"{path} holds {type(value).__name__}, not the JSON object a {what} is: it is damaged. "
                               f"Download or save the checkpoint again.")
     return value
+
+
+def _too_deep(text: str) -> str | None:
+    """Where the JSON `text` nests deeper than `MAX_JSON_DEPTH` ("under 'x'", its top-level key), or None. Counted on
+    the text, without the parser's recursion: a string at depth 1 is a key (or a value, but then no nesting follows)."""
+    depth, key = 0, None
+    for match in JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return f"under {key!r}" if key is not None else "from its top level"
+        elif token in "]}":
+            depth -= 1
+        elif depth == 1:
+            key = token[1:-1]
+    return None
 
 
 def read_source(source: str, model_types: tuple[str, ...], converter: str) -> tuple[Path, dict]:

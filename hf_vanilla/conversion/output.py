@@ -82,7 +82,10 @@ def manifest_files(directory: Path) -> dict:
     files it lists: "/home/me/thesis.txt" or "../../thesis.txt" there must make the folder not ours, not reach
     `unlink`. (A name that passes can still lead outside through a symbolic link inside the folder: `not_ours` finds
     the links, which this converter never writes.)"""
-    record = json.loads((directory / MANIFEST).read_text())
+    try:
+        record = json.loads((directory / MANIFEST).read_text())
+    except RecursionError:
+        raise ValueError("it nests deeper than JSON's parser goes") from None
     files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict):
         raise ValueError("it has no files table")
@@ -289,7 +292,7 @@ def remove_leftovers(output: Path) -> None:
     for work in output.parent.glob(f".{output.name}.partial-*"):
         try:
             record = json.loads((work / OWNER).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue  # not ours, or still being created
         if work.is_symlink() or not isinstance(record, dict) or not _owner_gone(record):
             continue
