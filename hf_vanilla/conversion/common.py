@@ -886,7 +886,8 @@ class EncoderFormat:
         """A vanilla encoder checkpoint -> a transformers checkpoint of this format (same head, config, tokenizer),
         the forward table inverted: the same tensors under their source names. `dtype=None` keeps the stored dtype,
         so the round trip is bit-exact. Unless `verify_parity` is False, the written folder is loaded with
-        transformers alone and compared with the vanilla source."""
+        transformers alone, in the dtype it was saved in, and compared with the vanilla source (run in float32) by
+        that dtype's rule (`compare`)."""
         import inspect
 
         from huggingface_hub.errors import StrictDataclassError
@@ -940,12 +941,13 @@ class EncoderFormat:
             model_class = partial(source_class, add_pooling_layer=config.use_pooler)
         model = build_model(model_class, target_config, mapped, unknown, source_namer(inverse))
         if dtype is not None:
-            model.to(DTYPES[dtype])
+            cast_for_saving(model, dtype)
 
-        def verify(staging):  # what a user will do: load the written folder with transformers alone
-            print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch):")
+        def verify(staging):  # what a user will do: load the written folder with transformers alone, as saved
+            print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch, "
+                  f"{PRECISION_NAMES[model.dtype]}):")
             reference = reference_model(spec.model_class, tensors, source_dir)
-            written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
+            written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=model.dtype)
             return compare(reference, written.eval(), relative=self.relative_tolerance)
 
         return write_source_format(output, force, source_dir, model, verify if verify_parity else None)
