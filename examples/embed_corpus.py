@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +49,10 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import hf_vanilla  # noqa: F401  (registers the vanilla models with AutoModel)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # finds _common.py also when a test loads this file by path
+import _common  # noqa: E402
+from _common import ExampleError  # noqa: E402
 
 # sentence-transformers' pooling flags in 1_Pooling/config.json, by the mode each turns on
 POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
@@ -78,6 +83,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads per process (0: this process's share of the cores)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     args = parser.parse_args(argv)
     for name in ("batch_size", "shard_size", "max_length"):
         value = getattr(args, name)
@@ -92,16 +98,16 @@ def read_corpus(args) -> tuple[list[str], list[int], int, str]:
     if args.input:
         path = Path(args.input)
         if not path.is_file():
-            raise SystemExit(f"--input {path}: no such file")
+            raise ExampleError(f"--input {path}: no such file; pass a UTF-8 text file, one sentence per line")
         lines, source = path.read_text(encoding="utf-8").splitlines(), str(path.resolve())
     else:
         try:
             import datasets
         except ImportError:
-            raise SystemExit("--dataset needs the `datasets` package: pip install datasets (or pass --input FILE)")
+            raise ExampleError("--dataset needs the `datasets` package: pip install datasets (or pass --input FILE)")
         dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
         if args.column not in dataset.column_names:
-            raise SystemExit(f"--column {args.column!r} is not in the dataset; it has {dataset.column_names}")
+            raise ExampleError(f"--column {args.column!r} is not in the dataset; it has {dataset.column_names}")
         lines, source = dataset[args.column], f"{args.dataset}:{args.dataset_config or ''}:{args.split}:{args.column}"
     kept = [i for i, line in enumerate(lines) if line.strip()]
     return [lines[i] for i in kept], kept, len(lines), source
@@ -118,7 +124,7 @@ def sentence_transformers_settings(folder: Path) -> tuple[str, bool, int | None]
         else:
             modes = [mode for mode, flag in POOLING_FLAGS.items() if config.get(flag)]
         if len(modes) != 1 or modes[0] not in POOLING_MODES:
-            raise SystemExit(f"{pooling_file}: pooling {modes or config} is not one of {POOLING_MODES}; pass --pooling")
+            raise ExampleError(f"{pooling_file}: pooling {modes or config} is not one of {POOLING_MODES}; pass --pooling")
         pooling = modes[0]
     modules_file = folder / "modules.json"
     if modules_file.is_file():
@@ -172,11 +178,11 @@ def check_manifest(output: Path, manifest: dict):
         found = json.loads(path.read_text())
         differ = sorted(key for key in manifest.keys() | found.keys() if found.get(key) != manifest.get(key))
         if differ:
-            raise SystemExit(f"{output} holds embeddings made with other settings ({', '.join(differ)} differ: "
+            raise ExampleError(f"{output} holds embeddings made with other settings ({', '.join(differ)} differ: "
                              f"{ {k: found.get(k) for k in differ} } there, { {k: manifest.get(k) for k in differ} } "
                              "now). Use another --output, or the same settings to resume.")
     elif output.exists() and any(output.iterdir()):
-        raise SystemExit(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose another "
+        raise ExampleError(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose another "
                          "--output")
 
 
@@ -225,7 +231,7 @@ def main(argv=None):
 
     sentences, line_numbers, num_lines, source = read_corpus(args)
     if not sentences:
-        raise SystemExit("the corpus has no non-blank lines")
+        raise ExampleError("the corpus has no non-blank lines")
     lengths = [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
     shards = plan_shards(lengths, args.shard_size)
     manifest = {
@@ -282,4 +288,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 from test_accelerate import launch
 from test_examples import load_example
 
+from _common import ExampleError  # examples/_common.py: test_examples puts examples/ on sys.path
+
 pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer  # noqa: E402
 
@@ -89,6 +91,18 @@ def test_two_processes_resume_after_a_kill_and_equal_one_process(corpus, one_pro
 
     before = {p.name: p.stat().st_mtime_ns for p in output.iterdir()}
     other_settings = {**json.loads((output / "manifest.json").read_text()), "max_length": 32}
-    with pytest.raises(SystemExit, match="max_length"):
+    with pytest.raises(ExampleError, match="max_length"):
         load_example("embed_corpus.py").check_manifest(output, other_settings)
     assert {p.name: p.stat().st_mtime_ns for p in output.iterdir()} == before
+
+
+def refused(result, message: str) -> None:
+    """The script ended as every example does on a user's error: status 2 and one `error:` line naming the fix."""
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stderr.count("error: ") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in result.stderr.splitlines()[-1], result.stderr
+
+
+def test_an_error_is_one_line_with_status_2(corpus, tmp_path):
+    refused(embed(corpus[0], tmp_path / "missing.txt", tmp_path / "out", check=False),
+            f"error: --input {tmp_path / 'missing.txt'}: no such file; pass a UTF-8 text file")
