@@ -8,8 +8,8 @@
     accelerate launch examples/embed_corpus.py --model converted/minilm --input corpus.txt --output runs/corpus
     python examples/embed_corpus.py --model converted/minilm --dataset ag_news --column text --output runs/ag
 
-The input is one sentence per line (blank lines are skipped), or a column of a `datasets` dataset when that
-package is installed. Sentences are sorted by token count, longest first, and cut into shards of `--shard-size`:
+The input is one sentence per line (a line ends at "\n" or "\r\n", at no other character; blank lines are skipped),
+or a column of a `datasets` dataset when that package is installed. Sentences are sorted by token count, longest first, and cut into shards of `--shard-size`:
 neighbours in a shard have nearly equal lengths, so its batches carry little padding, and a run that would run out
 of memory does so in its first shard. The shards are dealt round-robin to the processes, each of which embeds its
 own and writes each one atomically (a `.partial` file renamed when complete), so a killed run leaves only whole
@@ -99,7 +99,7 @@ def read_corpus(args) -> tuple[list[str], list[int], int, str]:
         path = Path(args.input)
         if not path.is_file():
             raise ExampleError(f"--input {path}: no such file; pass a UTF-8 text file, one sentence per line")
-        lines, source = path.read_text(encoding="utf-8").splitlines(), str(path.resolve())
+        lines, source = split_lines(path.read_text(encoding="utf-8")), str(path.resolve())
     else:
         try:
             import datasets
@@ -111,6 +111,14 @@ def read_corpus(args) -> tuple[list[str], list[int], int, str]:
         lines, source = dataset[args.column], f"{args.dataset}:{args.dataset_config or ''}:{args.split}:{args.column}"
     kept = [i for i, line in enumerate(lines) if line.strip()]
     return [lines[i] for i in kept], kept, len(lines), source
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of `text`, as editors and `grep -n` number them: ended by "\n" only, a "\r" before it being part of
+    a Windows line ending. (`str.splitlines` also ends lines at \f, \v, \x1c-\x1e, \x85, \u2028 and \u2029, which
+    text may hold: every line number after the first of them was off.)"""
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines[-1] == "" else lines  # the last line's ending starts no line
 
 
 def sentence_transformers_settings(folder: Path) -> tuple[str, bool, int | None]:

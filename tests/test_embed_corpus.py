@@ -31,12 +31,17 @@ def corpus(tmp_path_factory, minilm_path):
     """(converted MiniLM folder, corpus file, its line numbers with text, sentence-transformers' embeddings)."""
     rng = random.Random(0)
     lines = [sentence(rng) for _ in range(90)]
-    for position in (0, 17, 60):
-        lines.insert(position, "  ")  # blank lines are skipped, and the index says so
+    # Characters that str.splitlines() ends a line at, and only "\n" does here (\f, NEL, the Unicode line separator);
+    # and Windows line endings, whose "\r" belongs to the ending.
+    for position, separator in ((5, "\f"), (30, "\x85"), (50, "\u2028")):
+        lines[position] = lines[position].replace(" ", separator, 1)
+    lines[40] += "\r"
+    for position, blank in ((0, "  "), (17, "\r"), (60, "  ")):
+        lines.insert(position, blank)  # blank lines are skipped, and the index says so
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     kept = [i for i, line in enumerate(lines) if line.strip()]
-    expected = SentenceTransformer(str(minilm_path), device="cpu").encode([lines[i] for i in kept],
+    expected = SentenceTransformer(str(minilm_path), device="cpu").encode([lines[i].removesuffix("\r") for i in kept],
                                                                           convert_to_tensor=True)
     return converted(tmp_path_factory, minilm_path, "minilm")[1], path, torch.tensor(kept), expected
 
