@@ -9,13 +9,15 @@
     python examples/embed_corpus.py --model converted/minilm --dataset ag_news --column text --output runs/ag
 
 The input is one sentence per line (a line ends at "\n" or "\r\n", at no other character; blank lines are skipped),
-or a column of a `datasets` dataset when that package is installed. Sentences are sorted by token count, longest first, and cut into shards of `--shard-size`:
-neighbours in a shard have nearly equal lengths, so its batches carry little padding, and a run that would run out
-of memory does so in its first shard. The shards are dealt round-robin to the processes, each of which embeds its
-own and writes each one atomically (a `.partial` file renamed when complete), so a killed run leaves only whole
-shards. Run the same command again and finished shards are skipped; the folder's manifest.json makes sure the
-corpus and settings are the same. The plan does not depend on the number of processes: a run killed on two
-processes can finish on one.
+or a column of a `datasets` dataset when that package is installed. Sentences are sorted by token count, longest
+first, and cut into shards of `--shard-size`: neighbours in a shard have nearly equal lengths, so its batches carry
+little padding, and a run that would run out of memory does so in its first shard. The shards are dealt round-robin
+to the processes, each of which embeds its own and writes each one atomically (a `.partial` file renamed when
+complete), so a killed run leaves only whole shards. Run the same command again and finished shards are skipped. The
+folder's manifest.json keys the run by what it embeds: the corpus's content, the content of the model's files
+(weights, config, tokenizer) and the settings; a rerun that differs in any of them is refused, naming it, since it
+would mix shards of two corpora or two models. Paths are not part of the key: a moved corpus or model folder resumes.
+The plan does not depend on the number of processes: a run killed on two processes can finish on one.
 
 Pooling and normalisation follow the converted folder's sentence-transformers files, as `SentenceTransformer`
 would: `1_Pooling/config.json` (all-MiniLM-L6-v2: the mean over real tokens) and a `Normalize` module in
@@ -92,14 +94,15 @@ def parse_args(argv=None):
     return args
 
 
-def read_corpus(args) -> tuple[list[str], list[int], int, str]:
-    """(sentences, their 0-based line numbers, the number of lines, a description of the source). Blank lines are
-    skipped."""
+def read_corpus(args) -> tuple[list[str], list[int], int, str, str]:
+    """(sentences, their 0-based line numbers, the number of lines, a description of the source, the sha256 of its
+    content: the file's bytes, or the column's values). Blank lines are skipped."""
     if args.input:
         path = Path(args.input)
         if not path.is_file():
             raise ExampleError(f"--input {path}: no such file; pass a UTF-8 text file, one sentence per line")
-        lines, source = split_lines(path.read_text(encoding="utf-8")), str(path.resolve())
+        data = path.read_bytes()
+        lines, source = split_lines(data.decode("utf-8")), str(path.resolve())
     else:
         try:
             import datasets
@@ -109,8 +112,9 @@ def read_corpus(args) -> tuple[list[str], list[int], int, str]:
         if args.column not in dataset.column_names:
             raise ExampleError(f"--column {args.column!r} is not in the dataset; it has {dataset.column_names}")
         lines, source = dataset[args.column], f"{args.dataset}:{args.dataset_config or ''}:{args.split}:{args.column}"
+        data = json.dumps(list(lines)).encode()
     kept = [i for i, line in enumerate(lines) if line.strip()]
-    return [lines[i] for i in kept], kept, len(lines), source
+    return [lines[i] for i in kept], kept, len(lines), source, hashlib.sha256(data).hexdigest()
 
 
 def split_lines(text: str) -> list[str]:
@@ -132,7 +136,8 @@ def sentence_transformers_settings(folder: Path) -> tuple[str, bool, int | None]
         else:
             modes = [mode for mode, flag in POOLING_FLAGS.items() if config.get(flag)]
         if len(modes) != 1 or modes[0] not in POOLING_MODES:
-            raise ExampleError(f"{pooling_file}: pooling {modes or config} is not one of {POOLING_MODES}; pass --pooling")
+            raise ExampleError(f"{pooling_file}: pooling {modes or config} is not one of {POOLING_MODES}; pass "
+                               "--pooling")
         pooling = modes[0]
     modules_file = folder / "modules.json"
     if modules_file.is_file():
@@ -179,19 +184,53 @@ def write_atomically(path: Path, data: bytes, kill_halfway: bool = False):
     os.replace(partial, path)
 
 
+def model_files(folder: Path) -> dict[str, str]:
+    """The sha256 of every file of the model folder that can change its embeddings: weights, config, tokenizer and
+    sentence-transformers files. Left out: the model card, the converter's manifest (it records modification times),
+    code files (this script runs the installed hf_vanilla) and hidden ones (.git, .cache)."""
+    digests = {}
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder)
+        if (path.is_file() and path.suffix != ".py" and name.as_posix() not in ("README.md", "conversion_manifest.json")
+                and not any(part.startswith(".") for part in name.parts)):
+            with open(path, "rb") as file:
+                digests[name.as_posix()] = hashlib.file_digest(file, "sha256").hexdigest()
+    return digests
+
+
+WHERE = ("source", "model")  # where the corpus and the model were read: recorded, not compared (a moved folder resumes)
+CORPUS = ("corpus_sha256", "lines", "sentences")
+
+
 def check_manifest(output: Path, manifest: dict):
-    """Refuse to mix shards of another corpus or other settings into `output`; never delete anything there."""
+    """Resume the run in `output` only if it embeds what that run embedded: the same corpus (its content), the same
+    model (its files' content, `model_files`: a model folder rewritten between a kill and the resume would otherwise
+    give shards of two models) and the same settings. Anything else is refused, naming what differs; nothing there is
+    changed or deleted."""
     path = output / "manifest.json"
     if path.is_file():
         found = json.loads(path.read_text())
-        differ = sorted(key for key in manifest.keys() | found.keys() if found.get(key) != manifest.get(key))
-        if differ:
-            raise ExampleError(f"{output} holds embeddings made with other settings ({', '.join(differ)} differ: "
-                             f"{ {k: found.get(k) for k in differ} } there, { {k: manifest.get(k) for k in differ} } "
-                             "now). Use another --output, or the same settings to resume.")
-    elif output.exists() and any(output.iterdir()):
-        raise ExampleError(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose another "
-                         "--output")
+        differ = sorted(key for key in manifest.keys() | found.keys()
+                        if key not in WHERE and found.get(key) != manifest.get(key))
+        if not differ:
+            return
+        reasons = []
+        if "model_files" not in found:
+            reasons.append("its manifest.json does not record the model's files (an older embed_corpus.py wrote it)")
+        elif "model_files" in differ:
+            before, now = found["model_files"], manifest["model_files"]
+            changed = sorted(name for name in before.keys() | now.keys() if before.get(name) != now.get(name))
+            reasons.append(f"the model's files differ ({', '.join(changed)})")
+        if any(key in differ for key in CORPUS):
+            reasons.append("the corpus differs (a line added, removed, moved or edited)")
+        reasons += [f"{key} {found.get(key)!r} there, {manifest.get(key)!r} now" for key in differ
+                    if key in found and key not in (*CORPUS, "model_files", "shards")]
+        raise ExampleError(f"{output} holds embeddings of another run: {'; '.join(reasons or differ)}. Resuming would "
+                           f"mix the two: choose another --output, or rerun with the model, corpus and settings that "
+                           f"made them to finish that run.")
+    if output.exists() and any(output.iterdir()):
+        raise ExampleError(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose "
+                           "another --output")
 
 
 def write_index(output: Path, shards: list[list[int]], line_numbers: list[int], num_lines: int):
@@ -237,18 +276,19 @@ def main(argv=None):
     model = AutoModel.from_pretrained(folder, dtype=DTYPES[args.dtype]).to(state.device).eval()
     max_length = args.max_length or max_length or min(tokenizer.model_max_length, model.config.max_position_embeddings)
 
-    sentences, line_numbers, num_lines, source = read_corpus(args)
+    sentences, line_numbers, num_lines, source, corpus_sha256 = read_corpus(args)
     if not sentences:
         raise ExampleError("the corpus has no non-blank lines")
     lengths = [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
     shards = plan_shards(lengths, args.shard_size)
-    manifest = {
-        "source": source, "sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest(),
-        "lines": num_lines, "sentences": len(sentences),
-        "model": str(folder.resolve()), "pooling": pooling, "normalize": normalize, "max_length": max_length,
-        "dtype": args.dtype, "shard_size": args.shard_size, "shards": len(shards),
-    }
     if state.is_main_process:
+        manifest = {
+            "source": source, "model": str(folder.resolve()),
+            "corpus_sha256": corpus_sha256, "lines": num_lines, "sentences": len(sentences),
+            "model_files": model_files(folder),
+            "pooling": pooling, "normalize": normalize, "max_length": max_length, "dtype": args.dtype,
+            "shard_size": args.shard_size, "shards": len(shards),
+        }
         check_manifest(output, manifest)
         output.mkdir(parents=True, exist_ok=True)
         write_atomically(output / "manifest.json", json.dumps(manifest, indent=1).encode())

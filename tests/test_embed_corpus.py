@@ -4,12 +4,13 @@ without losing, repeating or rewriting a sentence; and a folder made with other 
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
 from hf_references import converted
 from numerics import assert_close
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_accelerate import launch
 from test_examples import load_example
 
@@ -111,3 +112,40 @@ def refused(result, message: str) -> None:
 def test_an_error_is_one_line_with_status_2(corpus, tmp_path):
     refused(embed(corpus[0], tmp_path / "missing.txt", tmp_path / "out", check=False),
             f"error: --input {tmp_path / 'missing.txt'}: no such file; pass a UTF-8 text file")
+
+
+def contents(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_run_resumes_only_with_what_it_began_with(corpus, one_process, tmp_path):
+    """A run is keyed by what it embeds. Killed after two shards, it was resumed after its model folder was rewritten
+    (shards of two models) and after a blank line of its corpus moved (then "repeats lines" at every rerun): both are
+    refused now, naming what differs and changing nothing. With both as they were, it resumes."""
+    model, path = shutil.copytree(corpus[0], tmp_path / "model"), tmp_path / "corpus.txt"
+    corpus_bytes, weights = corpus[1].read_bytes(), (model / "model.safetensors").read_bytes()
+    path.write_bytes(corpus_bytes)
+    output = tmp_path / "embeddings"
+    killed = embed(model, path, output, env={"EMBED_CORPUS_KILL_AFTER_SHARDS": "2"}, check=False)
+    assert killed.returncode != 0 and len(list(output.glob("shard-*.safetensors"))) == 2
+    before = contents(output)
+
+    tensors = load_file(model / "model.safetensors")
+    tensors["encoder.layers.0.ffn.down_proj.bias"] += 0.01  # another model in the same folder
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    refused(embed(model, path, output, check=False),
+            f"{output} holds embeddings of another run: the model's files differ (model.safetensors). Resuming would "
+            f"mix the two: choose another --output, or rerun with the model, corpus and settings that made them")
+    (model / "model.safetensors").write_bytes(weights)
+
+    lines = corpus_bytes.split(b"\n")
+    lines.insert(5, lines.pop(0))  # the first line, blank, moved: the same sentences, on other lines
+    path.write_bytes(b"\n".join(lines))
+    refused(embed(model, path, output, check=False), "the corpus differs (a line added, removed, moved or edited)")
+    assert contents(output) == before
+
+    path.write_bytes(corpus_bytes)
+    assert "2 already done, 10 to embed" in embed(model, path, output).stdout
+    lines, embeddings = load_example("embed_corpus.py").load_embeddings(output)
+    assert torch.equal(lines, one_process[0])
+    assert_close(embeddings, one_process[1])
