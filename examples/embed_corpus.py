@@ -102,7 +102,14 @@ def read_corpus(args) -> tuple[list[str], list[int], int, str, str]:
         if not path.is_file():
             raise ExampleError(f"--input {path}: no such file; pass a UTF-8 text file, one sentence per line")
         data = path.read_bytes()
-        lines, source = split_lines(data.decode("utf-8")), str(path.resolve())
+        try:
+            lines, source = split_lines(data.decode("utf-8")), str(path.resolve())
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            raise ExampleError(
+                f"--input {path} is not UTF-8 text: byte {data[error.start]:#04x} on line {line} is not valid UTF-8. "
+                f"Convert the file to UTF-8 (from Latin-1: iconv -f latin1 -t utf-8 {path} > corpus-utf8.txt)"
+            ) from None
     else:
         try:
             import datasets
@@ -209,7 +216,13 @@ def check_manifest(output: Path, manifest: dict):
     changed or deleted."""
     path = output / "manifest.json"
     if path.is_file():
-        found = json.loads(path.read_text())
+        try:
+            found = json.loads(path.read_text())
+            if not isinstance(found, dict):
+                raise ValueError(f"a JSON {type(found).__name__}, not an object")
+        except ValueError as error:  # cut short, edited, not text
+            raise ExampleError(f"{path} is damaged ({error}): the shards in {output} cannot be matched to a corpus "
+                               f"and a model without it. Delete {output} to start again, or choose another --output")
         differ = sorted(key for key in manifest.keys() | found.keys()
                         if key not in WHERE and found.get(key) != manifest.get(key))
         if not differ:
@@ -262,23 +275,40 @@ def load_embeddings(output) -> tuple[torch.Tensor, torch.Tensor]:
     return lines, torch.cat(shards)[offsets[index["shard"][lines]] + index["row"][lines]]
 
 
+def resolve_max_length(given: int | None, folder_max_length: int | None, tokenizer, config, folder: Path) -> int:
+    """--max-length, else the folder's max_seq_length, else as much as the tokenizer and the model take. Refused past
+    the model's position table before anything is written: the first shard holding a longer sentence failed, and the
+    manifest already written refused the corrected rerun."""
+    offset = getattr(config, "position_offset", 0)  # where a vanilla model's positions start (BART, RoBERTa: 2)
+    positions = config.max_position_embeddings - offset
+    max_length = given or folder_max_length or min(tokenizer.model_max_length, positions)
+    if max_length > positions:
+        where = "--max-length" if given else f"max_seq_length in {folder / 'sentence_bert_config.json'}"
+        raise ExampleError(f"{where} is {max_length}, but the model's position table holds {positions} positions "
+                           f"(max_position_embeddings={config.max_position_embeddings}, position_offset={offset}): "
+                           f"pass --max-length {positions} or less")
+    return max_length
+
+
 def main(argv=None):
     args = parse_args(argv)
+    folder, output = Path(args.model), Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise ExampleError(f"--output {output} is a file; pass a folder (a new one, or one this script wrote)")
+    # The corpus before the model: a corpus that cannot be read is named in a second, not after the model loads.
+    sentences, line_numbers, num_lines, source, corpus_sha256 = read_corpus(args)
+    if not sentences:
+        raise ExampleError("the corpus has no non-blank lines")
     state = PartialState(cpu=args.cpu or not torch.cuda.is_available())  # torchrun on CPU: MULTI_CPU over gloo
     # Each process gets its share of this machine's cores: torch would start one thread per core in every process,
     # and threads that outnumber free cores wait on each other at every op.
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // local_processes))
-    folder, output = Path(args.model), Path(args.output)
     pooling, normalize, max_length = sentence_transformers_settings(folder)
     pooling, normalize = args.pooling or pooling, normalize if args.normalize is None else args.normalize
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModel.from_pretrained(folder, dtype=DTYPES[args.dtype]).to(state.device).eval()
-    max_length = args.max_length or max_length or min(tokenizer.model_max_length, model.config.max_position_embeddings)
-
-    sentences, line_numbers, num_lines, source, corpus_sha256 = read_corpus(args)
-    if not sentences:
-        raise ExampleError("the corpus has no non-blank lines")
+    max_length = resolve_max_length(args.max_length, max_length, tokenizer, model.config, folder)
     lengths = [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
     shards = plan_shards(lengths, args.shard_size)
     if state.is_main_process:

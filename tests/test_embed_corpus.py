@@ -149,3 +149,47 @@ def test_a_run_resumes_only_with_what_it_began_with(corpus, one_process, tmp_pat
     lines, embeddings = load_example("embed_corpus.py").load_embeddings(output)
     assert torch.equal(lines, one_process[0])
     assert_close(embeddings, one_process[1])
+
+
+def embed_here(model, path, output, *extra):
+    """examples/embed_corpus.py's main() in this process (on this process's thread count): for errors, which it
+    raises as the ExampleError that `_common.run` prints as one line with exit status 2."""
+    load_example("embed_corpus.py").main(["--model", str(model), "--input", str(path), "--output", str(output),
+                                          "--threads", str(torch.get_num_threads()), *extra])
+
+
+def test_what_can_be_checked_before_the_model_loads_is(tmp_path):
+    """A corpus that is not UTF-8 failed with a UnicodeDecodeError once the model had loaded, and an --output that is
+    a file with a NotADirectoryError: both are named before the model is read (here there is none to read)."""
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("first line\nsecond line, café\n".encode("latin-1"))
+    with pytest.raises(ExampleError, match=rf"--input {latin1} is not UTF-8 text: byte 0xe9 on line 2 is not valid "
+                                           rf"UTF-8\. Convert the file to UTF-8"):
+        embed_here(tmp_path / "no-model", latin1, tmp_path / "out")
+    (tmp_path / "notes.txt").write_text("a user's file")
+    with pytest.raises(ExampleError, match=rf"--output {tmp_path / 'notes.txt'} is a file; pass a folder"):
+        embed_here(tmp_path / "no-model", tmp_path / "notes.txt", tmp_path / "notes.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latin1.txt", "notes.txt"]
+
+
+def test_a_max_length_past_the_position_table_is_refused_before_anything_is_written(corpus, tmp_path):
+    """It was written into the manifest and failed in the first shard holding a longer sentence; the manifest then
+    refused the corrected rerun (another max_length)."""
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(["word"] * 600) + "\nA short one.\n", encoding="utf-8")
+    with pytest.raises(ExampleError, match=r"--max-length is 1024, but the model's position table holds 512 positions "
+                                           r"\(max_position_embeddings=512, position_offset=0\): pass --max-length 512 "
+                                           r"or less"):
+        embed_here(corpus[0], path, tmp_path / "out", "--max-length", "1024")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_manifest_is_named_with_the_way_out(corpus, tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "manifest.json").write_text('{"corpus_sha256": "12')  # cut short
+    with pytest.raises(ExampleError, match=rf"{output / 'manifest.json'} is damaged \(.*\): the shards in {output} "
+                                           rf"cannot be matched to a corpus and a model without it\. Delete {output} "
+                                           rf"to start again, or choose another --output"):
+        embed_here(corpus[0], corpus[1], output)
+    assert contents(output) == {"manifest.json": b'{"corpus_sha256": "12'}
