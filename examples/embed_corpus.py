@@ -8,14 +8,16 @@
     accelerate launch examples/embed_corpus.py --model converted/minilm --input corpus.txt --output runs/corpus
     python examples/embed_corpus.py --model converted/minilm --dataset ag_news --column text --output runs/ag
 
-The input is one sentence per line (blank lines are skipped), or a column of a `datasets` dataset when that
-package is installed. Sentences are sorted by token count, longest first, and cut into shards of `--shard-size`:
-neighbours in a shard have nearly equal lengths, so its batches carry little padding, and a run that would run out
-of memory does so in its first shard. The shards are dealt round-robin to the processes, each of which embeds its
-own and writes each one atomically (a `.partial` file renamed when complete), so a killed run leaves only whole
-shards. Run the same command again and finished shards are skipped; the folder's manifest.json makes sure the
-corpus and settings are the same. The plan does not depend on the number of processes: a run killed on two
-processes can finish on one.
+The input is one sentence per line (a line ends at "\n" or "\r\n", at no other character; blank lines are skipped),
+or a column of a `datasets` dataset when that package is installed. Sentences are sorted by token count, longest
+first, and cut into shards of `--shard-size`: neighbours in a shard have nearly equal lengths, so its batches carry
+little padding, and a run that would run out of memory does so in its first shard. The shards are dealt round-robin
+to the processes, each of which embeds its own and writes each one atomically (a `.partial` file renamed when
+complete), so a killed run leaves only whole shards. Run the same command again and finished shards are skipped. The
+folder's manifest.json keys the run by what it embeds: the corpus's content, the content of the model's files
+(weights, config, tokenizer) and the settings; a rerun that differs in any of them is refused, naming it, since it
+would mix shards of two corpora or two models. Paths are not part of the key: a moved corpus or model folder resumes.
+The plan does not depend on the number of processes: a run killed on two processes can finish on one.
 
 Pooling and normalisation follow the converted folder's sentence-transformers files, as `SentenceTransformer`
 would: `1_Pooling/config.json` (all-MiniLM-L6-v2: the mean over real tokens) and a `Normalize` module in
@@ -36,6 +38,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +51,10 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import hf_vanilla  # noqa: F401  (registers the vanilla models with AutoModel)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # finds _common.py also when a test loads this file by path
+import _common  # noqa: E402
+from _common import ExampleError  # noqa: E402
 
 # sentence-transformers' pooling flags in 1_Pooling/config.json, by the mode each turns on
 POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
@@ -78,6 +85,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads per process (0: this process's share of the cores)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     args = parser.parse_args(argv)
     for name in ("batch_size", "shard_size", "max_length"):
         value = getattr(args, name)
@@ -86,25 +94,42 @@ def parse_args(argv=None):
     return args
 
 
-def read_corpus(args) -> tuple[list[str], list[int], int, str]:
-    """(sentences, their 0-based line numbers, the number of lines, a description of the source). Blank lines are
-    skipped."""
+def read_corpus(args) -> tuple[list[str], list[int], int, str, str]:
+    """(sentences, their 0-based line numbers, the number of lines, a description of the source, the sha256 of its
+    content: the file's bytes, or the column's values). Blank lines are skipped."""
     if args.input:
         path = Path(args.input)
         if not path.is_file():
-            raise SystemExit(f"--input {path}: no such file")
-        lines, source = path.read_text(encoding="utf-8").splitlines(), str(path.resolve())
+            raise ExampleError(f"--input {path}: no such file; pass a UTF-8 text file, one sentence per line")
+        data = path.read_bytes()
+        try:
+            lines, source = split_lines(data.decode("utf-8")), str(path.resolve())
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            raise ExampleError(
+                f"--input {path} is not UTF-8 text: byte {data[error.start]:#04x} on line {line} is not valid UTF-8. "
+                f"Convert the file to UTF-8 (from Latin-1: iconv -f latin1 -t utf-8 {path} > corpus-utf8.txt)"
+            ) from None
     else:
         try:
             import datasets
         except ImportError:
-            raise SystemExit("--dataset needs the `datasets` package: pip install datasets (or pass --input FILE)")
+            raise ExampleError("--dataset needs the `datasets` package: pip install datasets (or pass --input FILE)")
         dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
         if args.column not in dataset.column_names:
-            raise SystemExit(f"--column {args.column!r} is not in the dataset; it has {dataset.column_names}")
+            raise ExampleError(f"--column {args.column!r} is not in the dataset; it has {dataset.column_names}")
         lines, source = dataset[args.column], f"{args.dataset}:{args.dataset_config or ''}:{args.split}:{args.column}"
+        data = json.dumps(list(lines)).encode()
     kept = [i for i, line in enumerate(lines) if line.strip()]
-    return [lines[i] for i in kept], kept, len(lines), source
+    return [lines[i] for i in kept], kept, len(lines), source, hashlib.sha256(data).hexdigest()
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of `text`, as editors and `grep -n` number them: ended by "\n" only, a "\r" before it being part of
+    a Windows line ending. (`str.splitlines` also ends lines at \f, \v, \x1c-\x1e, \x85, \u2028 and \u2029, which
+    text may hold: every line number after the first of them was off.)"""
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines[-1] == "" else lines  # the last line's ending starts no line
 
 
 def sentence_transformers_settings(folder: Path) -> tuple[str, bool, int | None]:
@@ -118,7 +143,8 @@ def sentence_transformers_settings(folder: Path) -> tuple[str, bool, int | None]
         else:
             modes = [mode for mode, flag in POOLING_FLAGS.items() if config.get(flag)]
         if len(modes) != 1 or modes[0] not in POOLING_MODES:
-            raise SystemExit(f"{pooling_file}: pooling {modes or config} is not one of {POOLING_MODES}; pass --pooling")
+            raise ExampleError(f"{pooling_file}: pooling {modes or config} is not one of {POOLING_MODES}; pass "
+                               "--pooling")
         pooling = modes[0]
     modules_file = folder / "modules.json"
     if modules_file.is_file():
@@ -165,19 +191,59 @@ def write_atomically(path: Path, data: bytes, kill_halfway: bool = False):
     os.replace(partial, path)
 
 
+def model_files(folder: Path) -> dict[str, str]:
+    """The sha256 of every file of the model folder that can change its embeddings: weights, config, tokenizer and
+    sentence-transformers files. Left out: the model card, the converter's manifest (it records modification times),
+    code files (this script runs the installed hf_vanilla) and hidden ones (.git, .cache)."""
+    digests = {}
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder)
+        if (path.is_file() and path.suffix != ".py" and name.as_posix() not in ("README.md", "conversion_manifest.json")
+                and not any(part.startswith(".") for part in name.parts)):
+            with open(path, "rb") as file:
+                digests[name.as_posix()] = hashlib.file_digest(file, "sha256").hexdigest()
+    return digests
+
+
+WHERE = ("source", "model")  # where the corpus and the model were read: recorded, not compared (a moved folder resumes)
+CORPUS = ("corpus_sha256", "lines", "sentences")
+
+
 def check_manifest(output: Path, manifest: dict):
-    """Refuse to mix shards of another corpus or other settings into `output`; never delete anything there."""
+    """Resume the run in `output` only if it embeds what that run embedded: the same corpus (its content), the same
+    model (its files' content, `model_files`: a model folder rewritten between a kill and the resume would otherwise
+    give shards of two models) and the same settings. Anything else is refused, naming what differs; nothing there is
+    changed or deleted."""
     path = output / "manifest.json"
     if path.is_file():
-        found = json.loads(path.read_text())
-        differ = sorted(key for key in manifest.keys() | found.keys() if found.get(key) != manifest.get(key))
-        if differ:
-            raise SystemExit(f"{output} holds embeddings made with other settings ({', '.join(differ)} differ: "
-                             f"{ {k: found.get(k) for k in differ} } there, { {k: manifest.get(k) for k in differ} } "
-                             "now). Use another --output, or the same settings to resume.")
-    elif output.exists() and any(output.iterdir()):
-        raise SystemExit(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose another "
-                         "--output")
+        try:
+            found = json.loads(path.read_text())
+            if not isinstance(found, dict):
+                raise ValueError(f"a JSON {type(found).__name__}, not an object")
+        except ValueError as error:  # cut short, edited, not text
+            raise ExampleError(f"{path} is damaged ({error}): the shards in {output} cannot be matched to a corpus "
+                               f"and a model without it. Delete {output} to start again, or choose another --output")
+        differ = sorted(key for key in manifest.keys() | found.keys()
+                        if key not in WHERE and found.get(key) != manifest.get(key))
+        if not differ:
+            return
+        reasons = []
+        if "model_files" not in found:
+            reasons.append("its manifest.json does not record the model's files (an older embed_corpus.py wrote it)")
+        elif "model_files" in differ:
+            before, now = found["model_files"], manifest["model_files"]
+            changed = sorted(name for name in before.keys() | now.keys() if before.get(name) != now.get(name))
+            reasons.append(f"the model's files differ ({', '.join(changed)})")
+        if any(key in differ for key in CORPUS):
+            reasons.append("the corpus differs (a line added, removed, moved or edited)")
+        reasons += [f"{key} {found.get(key)!r} there, {manifest.get(key)!r} now" for key in differ
+                    if key in found and key not in (*CORPUS, "model_files", "shards")]
+        raise ExampleError(f"{output} holds embeddings of another run: {'; '.join(reasons or differ)}. Resuming would "
+                           f"mix the two: choose another --output, or rerun with the model, corpus and settings that "
+                           f"made them to finish that run.")
+    if output.exists() and any(output.iterdir()):
+        raise ExampleError(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose "
+                           "another --output")
 
 
 def write_index(output: Path, shards: list[list[int]], line_numbers: list[int], num_lines: int):
@@ -209,32 +275,50 @@ def load_embeddings(output) -> tuple[torch.Tensor, torch.Tensor]:
     return lines, torch.cat(shards)[offsets[index["shard"][lines]] + index["row"][lines]]
 
 
+def resolve_max_length(given: int | None, folder_max_length: int | None, tokenizer, config, folder: Path) -> int:
+    """--max-length, else the folder's max_seq_length, else as much as the tokenizer and the model take. Refused past
+    the model's position table before anything is written: the first shard holding a longer sentence failed, and the
+    manifest already written refused the corrected rerun."""
+    offset = getattr(config, "position_offset", 0)  # where a vanilla model's positions start (BART, RoBERTa: 2)
+    positions = config.max_position_embeddings - offset
+    max_length = given or folder_max_length or min(tokenizer.model_max_length, positions)
+    if max_length > positions:
+        where = "--max-length" if given else f"max_seq_length in {folder / 'sentence_bert_config.json'}"
+        raise ExampleError(f"{where} is {max_length}, but the model's position table holds {positions} positions "
+                           f"(max_position_embeddings={config.max_position_embeddings}, position_offset={offset}): "
+                           f"pass --max-length {positions} or less")
+    return max_length
+
+
 def main(argv=None):
     args = parse_args(argv)
+    folder, output = Path(args.model), Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise ExampleError(f"--output {output} is a file; pass a folder (a new one, or one this script wrote)")
+    # The corpus before the model: a corpus that cannot be read is named in a second, not after the model loads.
+    sentences, line_numbers, num_lines, source, corpus_sha256 = read_corpus(args)
+    if not sentences:
+        raise ExampleError("the corpus has no non-blank lines")
     state = PartialState(cpu=args.cpu or not torch.cuda.is_available())  # torchrun on CPU: MULTI_CPU over gloo
     # Each process gets its share of this machine's cores: torch would start one thread per core in every process,
     # and threads that outnumber free cores wait on each other at every op.
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // local_processes))
-    folder, output = Path(args.model), Path(args.output)
     pooling, normalize, max_length = sentence_transformers_settings(folder)
     pooling, normalize = args.pooling or pooling, normalize if args.normalize is None else args.normalize
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModel.from_pretrained(folder, dtype=DTYPES[args.dtype]).to(state.device).eval()
-    max_length = args.max_length or max_length or min(tokenizer.model_max_length, model.config.max_position_embeddings)
-
-    sentences, line_numbers, num_lines, source = read_corpus(args)
-    if not sentences:
-        raise SystemExit("the corpus has no non-blank lines")
+    max_length = resolve_max_length(args.max_length, max_length, tokenizer, model.config, folder)
     lengths = [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
     shards = plan_shards(lengths, args.shard_size)
-    manifest = {
-        "source": source, "sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest(),
-        "lines": num_lines, "sentences": len(sentences),
-        "model": str(folder.resolve()), "pooling": pooling, "normalize": normalize, "max_length": max_length,
-        "dtype": args.dtype, "shard_size": args.shard_size, "shards": len(shards),
-    }
     if state.is_main_process:
+        manifest = {
+            "source": source, "model": str(folder.resolve()),
+            "corpus_sha256": corpus_sha256, "lines": num_lines, "sentences": len(sentences),
+            "model_files": model_files(folder),
+            "pooling": pooling, "normalize": normalize, "max_length": max_length, "dtype": args.dtype,
+            "shard_size": args.shard_size, "shards": len(shards),
+        }
         check_manifest(output, manifest)
         output.mkdir(parents=True, exist_ok=True)
         write_atomically(output / "manifest.json", json.dumps(manifest, indent=1).encode())
@@ -282,4 +366,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    _common.run(main)

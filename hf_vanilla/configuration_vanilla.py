@@ -169,6 +169,11 @@ class _VanillaConfig(PretrainedConfig):
         how the fields agree with each other."""
         self._check_fields()
         _check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"pad_token_id ({self.pad_token_id}) is not a row of the embedding table (ids 0 to vocab_size-1="
+                f"{self.vocab_size - 1}); set it to the tokenizer's padding id, or null if it has none."
+            )
         if self.position_offset >= self.max_position_embeddings:
             raise ValueError(
                 f"position_offset ({self.position_offset}) leaves no room in a table of max_position_embeddings="

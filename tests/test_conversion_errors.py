@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from transformers import (
     BertTokenizer,
     DistilBertConfig,
     DistilBertModel,
+    EncoderDecoderConfig,
+    EncoderDecoderModel,
     GPT2Config,
     GPT2Model,
 )
@@ -30,6 +33,8 @@ from hf_vanilla.conversion import common
 from hf_vanilla.conversion.cli import main
 from hf_vanilla.conversion.common import EncoderFormat
 from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+from test_convert_bart import tiny_bart
+from test_convert_marian import make_marian
 
 # ---- config validation ------------------------------------------------------------------------------------------
 
@@ -48,6 +53,8 @@ from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
         ({"position_embedding_type": "rotary"}, r"Unknown position_embedding_type 'rotary'; choose one of .*learned"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps must be > 0"),
         ({"hidden_dropout_prob": 1.5}, r"hidden_dropout_prob must be in \[0, 1\)"),
+        ({"vocab_size": 99, "pad_token_id": 99}, r"pad_token_id \(99\) is not a row of the embedding table \(ids 0 to "
+                                                 r"vocab_size-1=98\)"),
     ],
 )
 def test_invalid_encoder_config(fields, message):
@@ -74,12 +81,15 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
             max_position_embeddings=64)
 
 
-@pytest.fixture(scope="module")
-def tiny_bert_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny") / "bert"
+def tiny_bert(directory):
     torch.manual_seed(0)
     BertForMaskedLM(BertConfig(**TINY)).save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory):
+    return tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
 
 
 @pytest.fixture
@@ -171,6 +181,33 @@ def test_config_no_model_can_be_built_from(tmp_path, source, capsys):
     output = tmp_path / "out"
     assert_refused(capsys, output, r"config.json describes no valid encoder: hidden_size \(30\) must be divisible",
                    "bert", "--source", source, "--output", output)
+
+
+# warm-start reads [CLS] and [SEP] from a tokenizer, which the tiny BERT has not: given instead.
+CONVERTERS = {"bert": [], "warm-start": ["--decoder-start-token-id", "1", "--eos-token-id", "2"]}
+
+
+@pytest.mark.parametrize("converter", list(CONVERTERS))
+def test_pad_token_id_outside_the_vocabulary(tmp_path, source, capsys, converter):
+    """A padding id past the embedding table ended in torch's AssertionError, reported as a bug in the converter."""
+    edit_config(source, pad_token_id=10**6)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"config.json describes no valid encoder: pad_token_id \(1000000\) is not a row of "
+                                   r"the embedding table \(ids 0 to vocab_size-1=98\); set it to the tokenizer's",
+                   converter, "--source", source, "--output", output, *CONVERTERS[converter])
+
+
+@pytest.mark.parametrize(("converter", "depth"), [("bert", 100_000), ("warm-start", 600)])
+def test_a_config_nested_too_deep(tmp_path, source, capsys, converter, depth):
+    """JSON's parser recurses (a RecursionError near 1000 levels), and so does transformers when it copies a config
+    (near 450): both ended as "a bug in the converter". Refused as the damaged input it is, naming the field."""
+    text = (source / "config.json").read_text().rstrip().removesuffix("}")
+    nested = '{"a": ' * depth + "1" + "}" * depth
+    (source / "config.json").write_text(f'{text}, "task_specific_params": {nested}}}')
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"config.json nests values more than 64 levels deep \(under "
+                                   r"'task_specific_params'\), as no model config does: the file is damaged",
+                   converter, "--source", source, "--output", output, *CONVERTERS[converter])
 
 
 def test_relative_positions_refused(tmp_path, source, capsys):
@@ -392,3 +429,75 @@ def test_a_head_the_source_never_trained_names_the_way_out(source, tmp_path, cap
     err = capsys.readouterr().err
     assert "classifier.weight" in err and "--head base" in err and "fine-tune" in err
     assert not (tmp_path / "out").exists()
+
+
+# ---- the saved dtype (issue 29) ---------------------------------------------------------------------------------
+# Parity was checked in float32, before the weights were cast to --dtype: a float16 output holding Inf, or computing
+# Inf, was written with a model card claiming a float32 difference. Now what is saved is checked: its weights
+# finite, and its outputs, run in its dtype, within that dtype's rule of transformers' float32 outputs.
+
+
+def tiny_bert2bert(directory):
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(**TINY), BertConfig(**TINY), decoder_start_token_id=1, pad_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    EncoderDecoderModel(config=config).save_pretrained(directory)
+    return directory
+
+
+BERT_FFN = ("bert.encoder.layer.0.intermediate.dense.bias", "bert.encoder.layer.0.output.dense.weight")
+FAIRSEQ_FFN = ("encoder.layers.0.fc1.bias", "encoder.layers.0.fc2.weight")
+# One small source per way a conversion is verified: converter -> (make it in a folder, its first feed-forward
+# block's up-projection bias and down-projection weight).
+HALF_PRECISION_SOURCES = {
+    "bert": (tiny_bert, BERT_FFN),
+    "warm-start": (tiny_bert, BERT_FFN),
+    "bert2bert": (tiny_bert2bert, tuple(key.replace("bert.", "encoder.", 1) for key in BERT_FFN)),
+    "marian": (make_marian, tuple("model." + key for key in FAIRSEQ_FFN)),
+    "bart": (partial(tiny_bart, class_name="BartModel"), FAIRSEQ_FFN),
+}
+
+
+@pytest.mark.parametrize("converter", list(HALF_PRECISION_SOURCES))
+def test_half_precision_is_verified_as_saved(tmp_path, capsys, converter):
+    """Every converter that takes --dtype: a float16 conversion passes the check of what it saves (the rule is not too
+    strict for half precision); one whose weights are finite in float16 but whose first feed-forward block computes
+    past float16's range (65504), as float32 does not, is refused."""
+    make, (up_bias, down_weight) = HALF_PRECISION_SOURCES[converter]
+    source = make(tmp_path / "source")
+    argv = [converter, "--source", source, "--dtype", "float16", *CONVERTERS.get(converter, [])]
+    assert main([str(a) for a in [*argv, "--output", tmp_path / "good"]]) == 0, capsys.readouterr().err
+    card = (tmp_path / "good" / "README.md").read_text()
+    assert re.search(r"As saved \(float16\): .*\(fp16, .*tolerance 0\.01 x max\(1, \|", card), card
+    assert {t.dtype for t in load_file(tmp_path / "good" / "model.safetensors").values()} == {torch.float16}
+
+    def overflow(tensors):
+        tensors[up_bias][0] = 6e4  # GELU/swish keep it: 6e4, finite in float16
+        tensors[down_weight][:, 0] = 10.0  # 6e5 in every output: Inf in float16, and then NaN
+
+    edit_tensors(source, overflow)
+    output = tmp_path / "bad"
+    printed = assert_refused(capsys, output, r"Parity check failed: .*\(fp16, .*Nothing was written",
+                             *argv, "--output", output)
+    assert "  OK: " in printed.out  # float32 parity held: the conversion is right, its float16 copy is not
+
+
+def test_weights_that_overflow_the_saved_dtype_are_refused(tmp_path, source, capsys):
+    """A bias of 1e6 is Inf in float16: refused whether or not parity is checked; bfloat16 keeps float32's range."""
+    def poison(tensors):
+        tensors["bert.encoder.layer.0.output.dense.bias"][0] = 1e6
+
+    edit_tensors(source, poison)
+    output = tmp_path / "out"
+    for verify in ([], ["--no-verify"]):
+        assert_refused(capsys, output, r"In float16 1 tensors would hold Inf or NaN \(values beyond its range, "
+                                       r"±65504\): \['model.encoder.layers.0.ffn.down_proj.bias'\]\. Convert with "
+                                       r"--dtype float32 or bfloat16",
+                       "bert", "--source", source, "--output", output, "--dtype", "float16", *verify)
+    assert main(["bert", "--source", str(source), "--output", str(output), "--dtype", "bfloat16", "--no-verify"]) == 0
+
+
+def test_bfloat16_is_verified_as_saved(tiny_bert_dir, tmp_path, capsys):
+    assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert re.search(r"As saved \(bfloat16\): .*\(bf16, .*tolerance 0\.05 x max\(1, \|output\|\)", card), card

@@ -101,6 +101,27 @@ def test_force_refuses_an_earlier_output_someone_changed(workspace, capsys):
     assert tree(output) == before
 
 
+@pytest.mark.parametrize(("listed", "message"), [
+    ("{workspace}/thesis.txt", "names '{workspace}/thesis.txt', which is not a plain relative path inside the folder"),
+    ("../../thesis.txt", "names '../../thesis.txt', which is not a plain relative path inside the folder"),
+    ("desk/thesis.txt", "holds what this converter did not write: desk"),  # desk: a link to the workspace
+])
+def test_force_deletes_nothing_a_manifest_names_outside_the_output(workspace, capsys, listed, message):
+    """A manifest is data anyone can write: `--force` deleted every file it named, the user's thesis included, when
+    the name was absolute or climbed out (or, refused already, led out through a link inside the folder)."""
+    output = workspace / "runs" / "out"
+    output.mkdir(parents=True)
+    if listed.startswith("desk/"):
+        (output / "desk").symlink_to(workspace)
+    listed = listed.format(workspace=workspace)
+    record = {"written_by": "hf_vanilla conversion", "files": {listed: {"size": 19, "mtime_ns": 0}}}
+    (output / MANIFEST).write_text(json.dumps(record))
+    before = tree(workspace)
+    refused(capsys, ["bert", "--source", "models/bert", "--output", output, "--force", "--no-verify"],
+            message.format(workspace=workspace))
+    assert tree(workspace) == before
+
+
 def test_force_refuses_a_link(workspace, capsys):
     (workspace / "link").symlink_to(workspace / "models" / "sibling")
     refused(capsys, ["bert", "--source", "models/bert", "--output", "link", "--force"], "it is a symbolic link")
@@ -167,7 +188,7 @@ sys.exit(main(sys.argv[5:]))
 """
 
 
-def start_paused(source, output, ready, go, *extra, at="common.save_checkpoint", when="after"):
+def start_paused(source, output, ready, go, *extra, at="hf_vanilla.conversion.common.save_checkpoint", when="after"):
     argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
     env = os.environ | {"PYTHONPATH": str(REPOSITORY), "HF_HUB_OFFLINE": "1"}
@@ -229,13 +250,35 @@ def test_a_signal_while_force_swaps_outputs_puts_the_earlier_one_back(tiny_bert_
     assert convert(tiny_bert_dir, output) == 0
     before = {p.name: p.read_bytes() for p in output.iterdir()}
     process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
-                           at="output._place", when="before")
+                           at="hf_vanilla.conversion.output._place", when="before")
     wait_for(tmp_path / "ready", process)
     assert not output.exists()  # moved aside: the moment it could be lost
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=300) == -signal.SIGTERM
     assert {p.name: p.read_bytes() for p in output.iterdir()} == before
     assert partial_folders(output) == []
+
+
+def test_a_kill_during_the_swap_is_undone_by_the_next_run_which_then_tells_the_truth(tiny_bert_dir, tmp_path, capsys):
+    """SIGKILL while `--force` had the earlier output moved aside: the next conversion puts it back first, and so,
+    without --force, refuses because the output exists, rather than converting and then reporting that it "appeared
+    while this conversion ran" (it had put it there itself)."""
+    output = tmp_path / "out"
+    assert convert(tiny_bert_dir, output) == 0
+    before = tree(output)
+    process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
+                           at="hf_vanilla.conversion.output._place", when="before")
+    wait_for(tmp_path / "ready", process)
+    process.kill()
+    process.wait(timeout=300)
+    assert not output.exists()
+    capsys.readouterr()
+    status = convert(tiny_bert_dir, output)
+    printed = capsys.readouterr()
+    assert status == 2 and f"Note: restored {output}, which an interrupted conversion had moved aside" in printed.out
+    assert printed.err == (f"error: {output} already exists; pass --force to replace an earlier output of this "
+                           f"converter, or choose another --output.\n")
+    assert tree(output) == before and partial_folders(output) == []
 
 
 def test_killed_conversion_is_cleaned_up_by_the_next(tiny_bert_dir, tmp_path, capsys):

@@ -215,6 +215,28 @@ def test_dtype_is_kept_unless_asked(tmp_path):
     assert torch.equal(tensors[key], original[key].bfloat16().float())  # exactly the bf16 values, widened
 
 
+def test_half_precision_is_verified_as_saved(tmp_path, capsys):
+    """The written BERT is loaded in the dtype it was saved in and held to that dtype's rule: loaded in float32 and
+    held to float32's, every float16 conversion of a float32 model was refused. Weights the cast makes Inf are
+    refused by name."""
+    torch.manual_seed(0)
+    VanillaEncoderForMaskedLM(VanillaEncoderConfig(**TINY)).save_pretrained(tmp_path / "vanilla")
+    status, printed = cli("to-bert", "--source", tmp_path / "vanilla", "--output", tmp_path / "fp16", "--dtype",
+                          "float16")
+    assert status == 0, capsys.readouterr().err
+    assert re.search(r"OK: .*\(fp16, .*tolerance 0\.01 x max\(1, \|output\|\)", printed), printed
+    assert {t.dtype for t in load_file(tmp_path / "fp16" / "model.safetensors").values()} == {torch.float16}
+
+    model = VanillaEncoderForMaskedLM.from_pretrained(tmp_path / "vanilla")
+    with torch.no_grad():
+        model.model.encoder.layers[0].ffn.down_proj.bias[0] = 1e6
+    model.save_pretrained(tmp_path / "large")
+    assert cli("to-bert", "--source", tmp_path / "large", "--output", tmp_path / "inf", "--dtype", "float16")[0] == 2
+    assert ("In float16 1 tensors would hold Inf or NaN (values beyond its range, ±65504): "
+            "['bert.encoder.layer.0.output.dense.bias']") in capsys.readouterr().err
+    assert not (tmp_path / "inf").exists()
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------------
 
 

@@ -24,6 +24,8 @@ from hf_vanilla import (
 )
 
 from .common import (
+    HALF_PRECISION_TOLERANCE,
+    PRECISION_NAMES,
     ConversionError,
     build_model,
     expand_table,
@@ -201,16 +203,19 @@ def vanilla_to_bart(tensors: dict, config: VanillaSeq2SeqConfig, head: str):
 
 def verify_bart(reference, model, head: str) -> tuple[bool, str]:
     """Every hidden state and head output of both models on a padded batch, relative to its magnitude (the suite's
-    float32 rule: 1e-5 x max(1, |reference|)), at real tokens; then greedy and beam `generate()` where it applies."""
+    rule: 1e-5 x max(1, |reference|) for a float32 `model`, `HALF_PRECISION_TOLERANCE` for one in half precision), at
+    real tokens; then greedy and beam `generate()` where it applies (in float32: see `verify_seq2seq`)."""
     if head == "BartForConditionalGeneration":
         return verify_seq2seq(reference, model, with_token_types=False)
+    half = HALF_PRECISION_TOLERANCE.get(model.dtype)
+    tolerance = half or 1e-5
     config = model.config
     inputs = source_batch(config)
     if head == "BartModel":
         target = source_batch(config, seed=1, length=9)
         inputs |= {"decoder_input_ids": target["input_ids"], "decoder_attention_mask": target["attention_mask"]}
     target_mask = inputs.get("decoder_attention_mask", inputs["attention_mask"])
-    model.float().eval()
+    model.eval()
     with torch.no_grad():
         ref_out = reference(**inputs, output_hidden_states=True)
         our_out = model(**inputs, output_hidden_states=True)
@@ -226,12 +231,13 @@ def verify_bart(reference, model, head: str) -> tuple[bool, str]:
         for r, o in zip(*((ref, ours) if isinstance(ref, tuple) else ((ref,), (ours,))), strict=True):
             real = mask.bool() if r.shape[:2] == mask.shape else torch.ones(r.shape[:1], dtype=torch.bool)
             diff = (r[real].float() - o[real].float()).abs().max().item()
-            ok &= diff <= 1e-5 * max(1.0, r[real].abs().max().item())
+            ok &= diff <= tolerance * max(1.0, r[real].abs().max().item())
             name_diffs.append(diff)
         print(f"  {name}: max |diff| = {max(name_diffs):.3e}")
         diffs += name_diffs
-    summary = f"max |diff| {max(diffs):.1e} over every hidden state and output (fp32, padded batch)"
-    if head == "BartForCausalLM":
+    summary = (f"max |diff| {max(diffs):.1e} over every hidden state and output ({PRECISION_NAMES[model.dtype]}, "
+               f"padded batch, tolerance {tolerance:g} x max(1, |output|))")
+    if head == "BartForCausalLM" and not half:
         same, generated = compare_generation(reference, model, inputs)
         ok, summary = ok and same, f"{summary}; {generated}"
     return ok, summary
@@ -252,9 +258,10 @@ def convert(source: str, output: str, dtype: str = "float32", force: bool = Fals
         build=lambda: with_generation_config(bart_to_vanilla(tensors, bart, head), source_dir,
                                              generation_ids(source_dir, bart)),
         verify=verify if verify_parity else None,
-        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BartTokenizer"),
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BartTokenizer"),
         title=f"{Path(source).name} as a vanilla {HEADS[head].ours.__name__}",
         command=command or f"hf-vanilla bart --source {source} --output {output}",
+        dtype=dtype,
     )
 
 

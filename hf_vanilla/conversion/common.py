@@ -2,6 +2,7 @@
 build the target without a second copy of the weights, write the output atomically, and report parity."""
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,6 +22,12 @@ from .errors import ConversionError
 from .output import atomic_output
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+PRECISION_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+# A model saved in half precision is verified in it, against transformers' float32 model, by the test suite's rule
+# (tests/numerics.py): every output within this fraction of max(1, |output|). Each op rounds to 11 (float16) or 8
+# (bfloat16) significant bits and a dozen layers compound it (the real MiniLM: 0.09 and 0.14 of these limits); a
+# wrong weight, or an output beyond the dtype's range (Inf, then NaN), is off by the magnitude itself.
+HALF_PRECISION_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 # Files copied next to converted weights when the source has them: tokenizers of every family we read, and the
 # sentence-transformers configuration (pooling, normalisation, max_seq_length), which would otherwise silently change.
@@ -61,17 +68,48 @@ def resolve_source(source: str) -> Path:
         ) from None
 
 
+# How deep a JSON file the converter reads may nest. Configs nest a few levels (bert2bert: encoder -> id2label); the
+# JSON parser recurses (RecursionError near 1000 levels), and so does transformers when it copies a config (near 450).
+MAX_JSON_DEPTH = 64
+JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (brackets inside them do not count) and brackets
+
+
 def read_json(path: Path, what: str) -> dict:
-    """A JSON object from `path`; anything else (empty, malformed, a list) is an error naming the file."""
+    """A JSON object from `path`; anything else (empty, malformed, a list, nested deeper than `MAX_JSON_DEPTH`) is an
+    error naming the file."""
     try:
-        value = json.loads(path.read_text())
+        text = path.read_text()
+        value = json.loads(text)
     except ValueError as error:  # malformed, empty, or not text at all (UnicodeDecodeError)
         raise ConversionError(f"{path} is not valid JSON ({error}): the {what} is damaged. Download or save the "
                               f"checkpoint again.") from None
+    except RecursionError:
+        value = None  # too deep for the parser: `_too_deep` says where
+    where = _too_deep(text)
+    if where is not None:
+        raise ConversionError(f"{path} nests values more than {MAX_JSON_DEPTH} levels deep ({where}), as no {what} "
+                              f"does: the file is damaged or was crafted. Download or save the checkpoint again.")
     if not isinstance(value, dict):
         raise ConversionError(f"{path} holds {type(value).__name__}, not the JSON object a {what} is: it is damaged. "
                               f"Download or save the checkpoint again.")
     return value
+
+
+def _too_deep(text: str) -> str | None:
+    """Where the JSON `text` nests deeper than `MAX_JSON_DEPTH` ("under 'x'", its top-level key), or None. Counted on
+    the text, without the parser's recursion: a string at depth 1 is a key (or a value, but then no nesting follows)."""
+    depth, key = 0, None
+    for match in JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return f"under {key!r}" if key is not None else "from its top level"
+        elif token in "]}":
+            depth -= 1
+        elif depth == 1:
+            key = token[1:-1]
+    return None
 
 
 def read_source(source: str, model_types: tuple[str, ...], converter: str) -> tuple[Path, dict]:
@@ -373,33 +411,53 @@ def _materialise_buffers(model) -> None:
 
 
 def write_conversion(output: str, force: bool, source: str, source_dir: Path, build, verify, save, title: str,
-                     command: str, notes: str = "") -> Path:
+                     command: str, notes: str = "", dtype: str = "float32") -> Path:
     """How every source -> vanilla converter ends, inside `atomic_output` (so nothing is written unless every step
     passes): `build()` the model, check the source's tokenizer against its vocabulary, `verify(model)` -> (ok,
-    summary) unless `verify` is None (--no-verify), `save(model, directory)`, and a model card that records
-    `command`, the parity summary and `notes`."""
+    summary) in float32 unless `verify` is None (--no-verify), cast it to `dtype` (`cast_for_saving`) and, for a half
+    precision, `verify` it again as it will be saved, `save(model, directory)`, and a model card that records
+    `command`, the parity summaries and `notes`. The float32 check compares the conversion exactly; the second what is
+    written, in the dtype it runs in."""
     with atomic_output(output, force, sources=(source_dir,)) as staging:
         model = build()
         check_tokenizer(source_dir, model.config.vocab_size)
         parity = "Not verified (--no-verify)."
         if verify is not None:
-            ok, parity = verify(model)
+            ok, parity = verify(model.float())
             require_parity(ok, parity)
+        cast_for_saving(model, dtype)
+        if verify is not None and dtype != "float32":
+            print(f"Verifying the model as saved, in {dtype}:")
+            ok, saved = verify(model)
+            require_parity(ok, saved)
+            parity = f"{parity}\n\nAs saved ({dtype}): {saved}"
         save(model, staging)
         write_model_card(staging, title, source, command, f"{parity}\n\n{notes}".strip())
     return Path(output)
 
 
-def save_checkpoint(model, directory: Path, source_dir: Path | None, dtype: str = "float32") -> None:
-    """Save weights (safetensors), config with a full `auto_map`, our code files for `trust_remote_code`, and
-    the source's tokenizer and sentence-transformers files."""
+def cast_for_saving(model, dtype: str) -> None:
+    """Cast `model` to `dtype`, refused if a weight becomes Inf: the source's weights are finite (`load_tensors`), but
+    one beyond float16's range (65504) is Inf in float16, and the saved model would compute Inf and NaN."""
+    model.to(DTYPES[dtype])
+    bad = [name for name, tensor in model.state_dict().items() if not all_finite(tensor)]
+    if bad:
+        raise ConversionError(
+            f"In {dtype} {len(bad)} tensors would hold Inf or NaN (values beyond its range, "
+            f"±{torch.finfo(DTYPES[dtype]).max:.0f}): {bad[:10]}. Convert with --dtype float32 or bfloat16 (which "
+            f"keeps float32's range), or check the source's weights."
+        )
+
+
+def save_checkpoint(model, directory: Path, source_dir: Path | None) -> None:
+    """Save weights (safetensors, in the model's dtype: `cast_for_saving`), config with a full `auto_map`, our code
+    files for `trust_remote_code`, and the source's tokenizer and sentence-transformers files."""
     from hf_vanilla import AUTO_CLASSES
 
     config_class = type(model.config)
     auto_map = {"AutoConfig": f"configuration_vanilla.{config_class.__name__}"}
     for auto_class, model_class in AUTO_CLASSES[config_class].items():
         auto_map[auto_class.__name__] = f"modeling_vanilla.{model_class.__name__}"
-    model.to(DTYPES[dtype])
     # `import hf_vanilla` registered every class for its Auto class, so save_pretrained copies configuration_vanilla.py
     # and modeling_vanilla.py next to the weights; it records only the saved class, so the full map (every task
     # class) is set afterwards.
@@ -481,13 +539,19 @@ def require_parity(ok: bool, parity: str) -> None:
     print(f"  OK: {parity}")
 
 
-def report(name: str, diffs: list[float], tolerance: float) -> bool:
-    """Print one line per layer; True when all are within `tolerance`."""
-    for i, diff in enumerate(diffs):
+def report(name: str, diffs: list[float], tolerance: float | list[float]) -> bool:
+    """Print one line per layer; True when each is within `tolerance` (one for all, or one per layer)."""
+    limits = tolerance if isinstance(tolerance, list) else [tolerance] * len(diffs)
+    for i, (diff, limit) in enumerate(zip(diffs, limits, strict=True)):
         label = "embeddings" if i == 0 else f"layer {i}"
-        print(f"  {name} {label:>10}: max |diff| = {diff:.3e}{'' if diff <= tolerance else '  > tolerance'}")
-    return max(diffs) <= tolerance
+        print(f"  {name} {label:>10}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
+    return all(diff <= limit for diff, limit in zip(diffs, limits))
 
+
+def limits(references, tolerance: float, relative: bool) -> list[float]:
+    """The largest |difference| allowed from each of the `references`: `tolerance`, or with `relative`, `tolerance`
+    times max(1, max |reference|) (rounding grows with the magnitude of what is computed)."""
+    return [tolerance * max(1.0, ref.abs().max().item()) if relative else tolerance for ref in references]
 
 
 def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
@@ -508,9 +572,14 @@ def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -
     """Feed both models `verification_batch`; print the max |diff| of every layer's hidden states and of the head's
     outputs (pooler_output, logits, start/end logits), at real tokens only (padding positions carry no meaning).
 
-    Hidden states and the pooler (a tanh) are within `tolerance`. Other head outputs are within 5x `tolerance`, or,
-    with `relative`, within `tolerance` times their magnitude: BERT's logits over a 30k vocabulary reach tens, and
-    float32 keeps about 7 significant digits of them. Returns (all within tolerance, a one-line summary)."""
+    A float32 `model`: hidden states and the pooler (a tanh) are within `tolerance`; other head outputs within 5x
+    `tolerance`, or, with `relative`, within `tolerance` times their magnitude: BERT's logits over a 30k vocabulary
+    reach tens, and float32 keeps about 7 significant digits of them. A `model` in half precision (saved with
+    --dtype float16 or bfloat16): every output within its dtype's `HALF_PRECISION_TOLERANCE` times its magnitude.
+    Returns (all within tolerance, a one-line summary)."""
+    half = model.dtype in HALF_PRECISION_TOLERANCE
+    if half:
+        tolerance, relative = HALF_PRECISION_TOLERANCE[model.dtype], True
     batch = verification_batch(model.config)
     mask = batch["attention_mask"]
     if type(model).__name__.endswith("ForMultipleChoice"):  # one question, whose choices are the batch's rows
@@ -519,7 +588,7 @@ def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -
         ref_out = reference(**batch, output_hidden_states=True)
         our_out = model(**batch, output_hidden_states=True)
     diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, mask)
-    ok = report("hidden states", diffs, tolerance)
+    ok = report("hidden states", diffs, limits(ref_out.hidden_states, tolerance, half))
     summary = [f"hidden states (every layer) {max(diffs):.1e}"]
     for name in ("pooler_output", "logits", "prediction_logits", "seq_relationship_logits", "start_logits",
                  "end_logits"):
@@ -529,16 +598,17 @@ def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -
         per_token = ours.shape[:2] == mask.shape
         diff = max_differences((ref,), (ours,), mask if per_token else None)[0]
         if relative:
-            limit = tolerance * max(1.0, ref.abs().max().item())
+            limit = limits((ref,), tolerance, relative=True)[0]
         else:
             limit = tolerance if name == "pooler_output" else tolerance * 5
         print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
         ok = ok and diff <= limit
         summary.append(f"{name} {diff:.1e}")
     heads = f"{tolerance:g} x max(1, |output|)" if relative else f"{tolerance * 5:g}"
+    rule = (f"tolerance {heads} for every layer and head output" if half else
+            f"tolerances {tolerance:g} per layer, {heads} for head outputs")
     return ok, (f"max |diff| against {type(reference).__name__}: " + ", ".join(summary) +
-                f" (fp32, eager attention, right-padded batch; tolerances {tolerance:g} per layer, {heads} for head "
-                f"outputs).")
+                f" ({PRECISION_NAMES[model.dtype]}, eager attention, right-padded batch; {rule}).")
 
 
 def write_source_format(output: str, force: bool, source_dir: Path, model, verify=None) -> Path:
@@ -782,7 +852,7 @@ class EncoderFormat:
         overrides = {"is_decoder": True} if self.heads[head].causal else {}
         config = reference_class.config_class.from_pretrained(source_dir, **overrides)
         reference = reference_model(reference_class, tensors, source_dir, config=config)
-        return compare(reference, model.float(), tolerance, relative=self.relative_tolerance)
+        return compare(reference, model, tolerance, relative=self.relative_tolerance)
 
     def convert(self, source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
                 verify_parity: bool = True, command: str | None = None) -> Path:
@@ -802,10 +872,11 @@ class EncoderFormat:
             output, force, source, source_dir,
             build=lambda: self.to_vanilla(tensors, source_config, head),
             verify=(lambda model: self.verify(source_dir, tensors, model, head, model_type)) if verify_parity else None,
-            save=lambda model, directory: save_checkpoint(model, directory, source_dir, dtype),
+            save=lambda model, directory: save_checkpoint(model, directory, source_dir),
             title=f"{Path(source).name} as a vanilla encoder",
             command=command or f"hf-vanilla {self.name} --source {source} --output {output}",
             notes=self.limitations,
+            dtype=dtype,
         )
 
     # ---- vanilla -> source ----
@@ -815,7 +886,8 @@ class EncoderFormat:
         """A vanilla encoder checkpoint -> a transformers checkpoint of this format (same head, config, tokenizer),
         the forward table inverted: the same tensors under their source names. `dtype=None` keeps the stored dtype,
         so the round trip is bit-exact. Unless `verify_parity` is False, the written folder is loaded with
-        transformers alone and compared with the vanilla source."""
+        transformers alone, in the dtype it was saved in, and compared with the vanilla source (run in float32) by
+        that dtype's rule (`compare`)."""
         import inspect
 
         from huggingface_hub.errors import StrictDataclassError
@@ -869,12 +941,13 @@ class EncoderFormat:
             model_class = partial(source_class, add_pooling_layer=config.use_pooler)
         model = build_model(model_class, target_config, mapped, unknown, source_namer(inverse))
         if dtype is not None:
-            model.to(DTYPES[dtype])
+            cast_for_saving(model, dtype)
 
-        def verify(staging):  # what a user will do: load the written folder with transformers alone
-            print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch):")
+        def verify(staging):  # what a user will do: load the written folder with transformers alone, as saved
+            print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch, "
+                  f"{PRECISION_NAMES[model.dtype]}):")
             reference = reference_model(spec.model_class, tensors, source_dir)
-            written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=torch.float32)
+            written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=model.dtype)
             return compare(reference, written.eval(), relative=self.relative_tolerance)
 
         return write_source_format(output, force, source_dir, model, verify if verify_parity else None)

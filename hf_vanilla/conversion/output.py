@@ -74,6 +74,31 @@ def apply_umask(directory: Path) -> None:
             path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
+def manifest_files(directory: Path) -> dict:
+    """The files `directory`'s manifest lists: {name: {"size": ..., "mtime_ns": ...}}, each name a plain relative path
+    inside `directory` ("1_Pooling/config.json"). FileNotFoundError without a manifest; ValueError, naming the
+    problem, for anything else: not JSON, another layout, or a name that is absolute, climbs out with `..`, or is not
+    written plainly ("./a", "a//b"). A manifest is data in a folder anyone may write to, and `--force` deletes the
+    files it lists: "/home/me/thesis.txt" or "../../thesis.txt" there must make the folder not ours, not reach
+    `unlink`. (A name that passes can still lead outside through a symbolic link inside the folder: `not_ours` finds
+    the links, which this converter never writes.)"""
+    try:
+        record = json.loads((directory / MANIFEST).read_text())
+    except RecursionError:
+        raise ValueError("it nests deeper than JSON's parser goes") from None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError("it has no files table")
+    for name, entry in files.items():
+        path = Path(name)
+        if path.anchor or not path.parts or ".." in path.parts or path.as_posix() != name:
+            raise ValueError(f"it names {name!r}, which is not a plain relative path inside the folder")
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("mtime_ns"), int)):
+            raise ValueError(f"its entry for {name} has no size and modification time")
+    return files
+
+
 def not_ours(output: Path) -> str | None:
     """Why `output` is not an untouched earlier output of this converter, or None when it is one (an empty folder
     holds nothing to lose, and counts as one)."""
@@ -85,11 +110,11 @@ def not_ours(output: Path) -> str | None:
     if not entries:
         return None
     try:
-        files = json.loads((output / MANIFEST).read_text())["files"]
+        files = manifest_files(output)
     except FileNotFoundError:
         return f"it has no {MANIFEST}, so this converter did not write it"
-    except (ValueError, TypeError, KeyError):
-        return f"its {MANIFEST} is not one this converter wrote"
+    except ValueError as error:
+        return f"its {MANIFEST} is not one this converter wrote ({error})"
     folders = {parent.as_posix() for name in files for parent in Path(name).parents}
     foreign = []
     for name in entries:
@@ -159,7 +184,7 @@ def rename_noreplace(source: Path, target: Path) -> None:
 def remove_written(directory: Path) -> None:
     """Delete a folder `not_ours` accepted: only the files its manifest lists, then the folders left empty."""
     try:
-        listed = json.loads((directory / MANIFEST).read_text())["files"]
+        listed = manifest_files(directory)
     except FileNotFoundError:
         listed = {}
     for name in [*listed, MANIFEST]:
@@ -204,7 +229,7 @@ def _remove_old(old: Path, output: Path) -> None:
     deleted but set aside beside the output, and said so."""
     try:
         remove_written(old)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: its manifest was rewritten after the check
         kept = output.with_name(f".{output.name}.replaced-{os.getpid()}")
         os.rename(old, kept)
         print(f"Note: {output} was replaced; what was added to the old one meanwhile is kept in {kept}.")
@@ -267,7 +292,7 @@ def remove_leftovers(output: Path) -> None:
     for work in output.parent.glob(f".{output.name}.partial-*"):
         try:
             record = json.loads((work / OWNER).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue  # not ours, or still being created
         if work.is_symlink() or not isinstance(record, dict) or not _owner_gone(record):
             continue
@@ -344,6 +369,11 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
     `sources`: the folders the conversion reads, which `output` may neither be nor hold. See the module's docstring
     for what is refused, what `force` replaces, and what is left behind after a failure or a signal (nothing)."""
     output = Path(os.path.abspath(output))
+    try:
+        # First: an earlier output that a killed `--force` had moved aside is back before the checks judge `output`.
+        remove_leftovers(output)
+    except OSError as error:
+        raise ConversionError(f"Cannot write {output}: {describe_io_error(error)}.") from None
     check_output(output, force, tuple(sources))
     created, work = [], None
 
@@ -358,7 +388,6 @@ def atomic_output(output: str | Path, force: bool, sources: tuple[Path, ...] = (
         try:
             try:
                 created = _make_parents(output.parent)
-                remove_leftovers(output)
                 work = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
                 (work / OWNER).write_text(json.dumps(_owner()))
                 staging = work / "new"

@@ -22,11 +22,14 @@ from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGenerat
 from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
 from .common import (
+    HALF_PRECISION_TOLERANCE,
+    PRECISION_NAMES,
     TOKENIZER_FILES,
     ConversionError,
     build_model,
     copy_side_files,
     expand_table,
+    limits,
     load_tensors,
     map_tensors,
     max_differences,
@@ -215,9 +218,10 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
             bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings), source_dir, ids),
         # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
         verify=verifier("EncoderDecoderModel", tensors, source_dir, with_token_types=True) if verify_parity else None,
-        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BertTokenizer"),
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer"),
         title=f"{Path(source).name} as a vanilla encoder-decoder",
         command=command or f"hf-vanilla bert2bert --source {source} --output {output}",
+        dtype=dtype,
     )
 
 
@@ -328,11 +332,12 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
             bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids),
         verify=(lambda model: verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config,
                                                 decoder_config, ids)) if verify_parity else None,
-        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "BertTokenizer",
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer",
                                                    copy_generation_config=False),
         title=f"bert2bert warm-started from {Path(source).name}",
         command=command or f"hf-vanilla warm-start --source {source} --output {output}",
         notes="Cross-attention is freshly initialised: fine-tune before use.",
+        dtype=dtype,
     )
 
 
@@ -349,8 +354,10 @@ def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict
     with torch.no_grad():
         expected = bert(**batch, output_hidden_states=True).hidden_states
         ours = model.model.encoder(**batch, output_hidden_states=True).hidden_states
+    half = HALF_PRECISION_TOLERANCE.get(model.dtype)
+    tolerance = half or ENCODER_TOLERANCE
     diffs = max_differences(expected, ours, batch["attention_mask"])
-    encoder_ok = report("encoder", diffs, ENCODER_TOLERANCE)
+    encoder_ok = report("encoder", diffs, limits(expected, tolerance, relative=half is not None))
     del bert
 
     print("Verifying the whole model against transformers' bert2bert with the same weights:")
@@ -358,7 +365,8 @@ def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict
         BertConfig.from_dict(encoder_config), BertConfig.from_dict(decoder_config), **ids)
     reference = reference_model(EncoderDecoderModel, tensors, config=config)
     ok, summary = verify_seq2seq(reference, model, with_token_types=True, generation=False)
-    encoder = f"encoder hidden states max |diff| {max(diffs):.2e} (tolerance {ENCODER_TOLERANCE:g})"
+    rule = f"{tolerance:g} x max(1, |output|)" if half else f"{tolerance:g}"
+    encoder = f"encoder hidden states max |diff| {max(diffs):.2e} (tolerance {rule})"
     return encoder_ok and ok, f"{encoder}; {summary}"
 
 
@@ -526,9 +534,10 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
         output, force, source, source_dir,
         build=lambda: with_generation_config(marian_to_vanilla(tensors, marian), source_dir, ids),
         verify=verifier("MarianMTModel", tensors, source_dir, with_token_types=False) if verify_parity else None,
-        save=lambda model, directory: save_seq2seq(model, directory, source_dir, dtype, "MarianTokenizer"),
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "MarianTokenizer"),
         title=f"{Path(source).name} as a vanilla encoder-decoder",
         command=command or f"hf-vanilla marian --source {source} --output {output}",
+        dtype=dtype,
     )
 
 
@@ -547,7 +556,7 @@ def with_generation_config(model, source_dir: Path | None, ids: dict):
     return model
 
 
-def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, tokenizer_class: str,
+def save_seq2seq(model, directory: Path, source_dir: Path, tokenizer_class: str,
                  copy_generation_config: bool = True) -> None:
     """Our checkpoint, the source's tokenizer files, and its generation_config.json copied byte for byte.
 
@@ -555,7 +564,7 @@ def save_seq2seq(model, directory: Path, source_dir: Path, dtype: str, tokenizer
     encoder-decoder is not. The tokenizer config names its class when the source's did not: AutoTokenizer found it
     through the source's model_type, which the converted config no longer has (OPUS-MT's tokenizer_config.json
     holds only the languages, and Marian has no tokenizer.json to fall back on)."""
-    save_checkpoint(model, directory, None, dtype)
+    save_checkpoint(model, directory, None)
     generation = ("generation_config.json",) if copy_generation_config else ()
     copied = copy_side_files(source_dir, directory, TOKENIZER_FILES + generation, folders=())
     if set(copied) - set(generation):
@@ -598,8 +607,14 @@ def source_batch(config, batch_size: int = 3, length: int = 12, seed: int = 0, l
 def verify_seq2seq(reference, model, with_token_types: bool, generation: bool = True,
                    max_new_tokens: int = 10, num_beams: int = 4) -> tuple[bool, str]:
     """Logits, encoder and decoder hidden states on a padded source and a padded target batch (only real tokens
-    count), then the token sequences of greedy and beam-search `generate()` from each model's generation config."""
+    count), then the token sequences of greedy and beam-search `generate()` from each model's generation config.
+
+    A float32 `model` is held to `LOGITS_TOLERANCE`. One in half precision (as saved with --dtype float16 or
+    bfloat16) to its dtype's `HALF_PRECISION_TOLERANCE` times each output's magnitude, and its tokens are not
+    compared: rounding may rightly swap two nearly tied tokens, and the float32 check has compared generation."""
     config = model.config
+    half = HALF_PRECISION_TOLERANCE.get(model.dtype)
+    tolerance = half or LOGITS_TOLERANCE
     batch = source_batch(config)
     target = source_batch(config, seed=1, length=9)
     target["input_ids"][:, 0] = config.decoder_start_token_id
@@ -607,19 +622,24 @@ def verify_seq2seq(reference, model, with_token_types: bool, generation: bool = 
     if with_token_types and config.type_vocab_size > 1:
         inputs["token_type_ids"] = (torch.arange(batch["input_ids"].shape[1]) >= 4).long().expand_as(
             batch["input_ids"]) * batch["attention_mask"]
-    model.float().eval()
+    model.eval()
     with torch.no_grad():
         ref_out = reference(**inputs, output_hidden_states=True)
         our_out = model(**inputs, output_hidden_states=True)
+    relative = half is not None
     ok = report("encoder", max_differences(ref_out.encoder_hidden_states, our_out.encoder_hidden_states,
-                                           batch["attention_mask"]), LOGITS_TOLERANCE)
+                                           batch["attention_mask"]),
+                limits(ref_out.encoder_hidden_states, tolerance, relative))
     ok &= report("decoder", max_differences(ref_out.decoder_hidden_states, our_out.decoder_hidden_states,
-                                           target["attention_mask"]), LOGITS_TOLERANCE)
+                                           target["attention_mask"]),
+                 limits(ref_out.decoder_hidden_states, tolerance, relative))
     logits_diff = max_differences((ref_out.logits,), (our_out.logits,), target["attention_mask"])[0]
     print(f"  logits: max |diff| = {logits_diff:.3e}")
-    ok &= logits_diff <= LOGITS_TOLERANCE
-    summary = f"logits max |diff| {logits_diff:.2e} (fp32, padded batch, tolerance {LOGITS_TOLERANCE:g})"
-    if not generation:
+    ok &= logits_diff <= limits((ref_out.logits,), tolerance, relative)[0]
+    rule = f"{tolerance:g} x max(1, |output|)" if relative else f"{tolerance:g}"
+    summary = (f"logits max |diff| {logits_diff:.2e} ({PRECISION_NAMES[model.dtype]}, padded batch, tolerance "
+               f"{rule})")
+    if not generation or half:
         return ok, summary
     same, generated = compare_generation(reference, model, batch, max_new_tokens, num_beams)
     return ok and same, f"{summary}; {generated}"
