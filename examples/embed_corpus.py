@@ -13,11 +13,12 @@ or a column of a `datasets` dataset when that package is installed. Sentences ar
 first, and cut into shards of `--shard-size`: neighbours in a shard have nearly equal lengths, so its batches carry
 little padding, and a run that would run out of memory does so in its first shard. The shards are dealt round-robin
 to the processes, each of which embeds its own and writes each one atomically (a `.partial` file renamed when
-complete), so a killed run leaves only whole shards. Run the same command again and finished shards are skipped. The
-folder's manifest.json keys the run by what it embeds: the corpus's content, the content of the model's files
-(weights, config, tokenizer) and the settings; a rerun that differs in any of them is refused, naming it, since it
-would mix shards of two corpora or two models. Paths are not part of the key: a moved corpus or model folder resumes.
-The plan does not depend on the number of processes: a run killed on two processes can finish on one.
+complete), so a killed run leaves only whole shards. Run the same command again and finished shards are skipped (one
+found damaged, cut short or holding other rows, is named and embedded again). The folder's manifest.json keys the run
+by what it embeds: the corpus's content, the content of the model's files (weights, config, tokenizer) and the
+settings; a rerun that differs in any of them is refused, naming it, since it would mix shards of two corpora or two
+models. Paths are not part of the key: a moved corpus or model folder resumes. The plan does not depend on the number
+of processes: a run killed on two processes can finish on one.
 
 Pooling and normalisation follow the converted folder's sentence-transformers files, as `SentenceTransformer`
 would: `1_Pooling/config.json` (all-MiniLM-L6-v2: the mean over real tokens) and a `Normalize` module in
@@ -45,7 +46,7 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
@@ -175,6 +176,30 @@ def plan_shards(lengths: list[int], shard_size: int) -> list[list[int]]:
 
 def shard_path(output: Path, index: int) -> Path:
     return output / f"shard-{index:05d}.safetensors"
+
+
+def shard_lines(rows: list[int], line_numbers: list[int]) -> torch.Tensor:
+    """The input line of each of a shard's `rows` (positions into the corpus's sentences)."""
+    return torch.tensor([line_numbers[i] for i in rows], dtype=torch.int64)
+
+
+def finished(output: Path, index: int, lines: torch.Tensor) -> bool:
+    """Whether shard `index` is in `output`, whole, with the rows planned for it (`lines`). A shard appears only once
+    complete, but a file can be damaged afterwards (a copy cut short, a failing disk): every rerun then failed in
+    reading it for the index. Such a shard is named and embedded again; it is this run's own (its manifest matched)."""
+    path = shard_path(output, index)
+    if not path.exists():
+        return False
+    try:
+        with safe_open(path, "pt") as f:
+            found, rows = f.get_tensor("lines"), f.get_slice("embeddings").get_shape()[0]
+        if found.dtype == torch.int64 and torch.equal(found, lines) and rows == len(lines):
+            return True
+        problem = "holds other rows than this run plans"
+    except SafetensorError as error:
+        problem = f"cannot be read ({error})"
+    print(f"Note: {path} {problem}: embedding it again.")
+    return False
 
 
 def write_atomically(path: Path, data: bytes, kill_halfway: bool = False):
@@ -322,7 +347,7 @@ def main(argv=None):
         check_manifest(output, manifest)
         output.mkdir(parents=True, exist_ok=True)
         write_atomically(output / "manifest.json", json.dumps(manifest, indent=1).encode())
-        pending = [i for i in range(len(shards)) if not shard_path(output, i).exists()]
+        pending = [i for i in range(len(shards)) if not finished(output, i, shard_lines(shards[i], line_numbers))]
     else:
         pending = None
     # The main process decides what is left and every process follows, so two processes never disagree about a
@@ -352,7 +377,7 @@ def main(argv=None):
             embeddings.append(pooled.float().cpu())
             progress.update(len(batch))
         tensors = {"embeddings": torch.cat(embeddings),
-                   "lines": torch.tensor([line_numbers[i] for i in rows], dtype=torch.int64)}
+                   "lines": shard_lines(rows, line_numbers)}
         write_atomically(shard_path(output, index), save(tensors), kill_halfway=kill_after > 0 and written == kill_after)
     progress.close()
     state.wait_for_everyone()

@@ -58,15 +58,16 @@ def embed(model, path, output, *extra, processes=1, env=None, check=True):
 
 @pytest.fixture(scope="module")
 def one_process(corpus, tmp_path_factory):
+    """(line numbers, embeddings, the output folder) of a one-process run."""
     model, path, _, _ = corpus
     output = tmp_path_factory.mktemp("one") / "embeddings"
     embed(model, path, output)
-    return load_example("embed_corpus.py").load_embeddings(output)
+    return *load_example("embed_corpus.py").load_embeddings(output), output
 
 
 def test_one_process_embeds_like_sentence_transformers(corpus, one_process):
     _, _, kept, expected = corpus
-    lines, embeddings = one_process
+    lines, embeddings, _ = one_process
     assert torch.equal(lines, kept)
     assert_close(embeddings, expected)  # mean pooling over real tokens, then unit length, as the original
 
@@ -193,3 +194,19 @@ def test_a_damaged_manifest_is_named_with_the_way_out(corpus, tmp_path):
                                            rf"to start again, or choose another --output"):
         embed_here(corpus[0], corpus[1], output)
     assert contents(output) == {"manifest.json": b'{"corpus_sha256": "12'}
+
+
+def test_a_damaged_shard_is_embedded_again(corpus, one_process, tmp_path):
+    """A shard file cut short (a copy interrupted, a disk that failed) made every rerun fail the same way, in reading
+    it for the index: it is named and embedded again, the others kept."""
+    output = shutil.copytree(one_process[2], tmp_path / "embeddings")
+    damaged = output / "shard-00003.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:1000])
+    kept = {p.name: p.stat().st_mtime_ns for p in output.glob("shard-*") if p != damaged}
+    resumed = embed(corpus[0], corpus[1], output)
+    assert f"Note: {damaged} cannot be read (" in resumed.stdout and "): embedding it again" in resumed.stdout
+    assert "11 already done, 1 to embed" in resumed.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in output.glob("shard-*") if p != damaged} == kept
+    lines, embeddings = load_example("embed_corpus.py").load_embeddings(output)
+    assert torch.equal(lines, one_process[0])
+    assert_close(embeddings, one_process[1])
