@@ -17,8 +17,9 @@ complete), so a killed run leaves only whole shards. Run the same command again 
 found damaged, cut short or holding other rows, is named and embedded again). The folder's manifest.json keys the run
 by what it embeds: the corpus's content, the content of the model's files (weights, config, tokenizer) and the
 settings; a rerun that differs in any of them is refused, naming it, since it would mix shards of two corpora or two
-models. Paths are not part of the key: a moved corpus or model folder resumes. The plan does not depend on the number
-of processes: a run killed on two processes can finish on one.
+models. Paths are not part of the key: a moved corpus or model folder resumes. A run holds its folder while it writes
+there: a second run into it is refused. The plan does not depend on the number of processes: a run killed on two
+processes can finish on one.
 
 Pooling and normalisation follow the converted folder's sentence-transformers files, as `SentenceTransformer`
 would: `1_Pooling/config.json` (all-MiniLM-L6-v2: the mean over real tokens) and a `Normalize` module in
@@ -35,6 +36,8 @@ after its N-th, as a crash would.
 """
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -216,6 +219,26 @@ def write_atomically(path: Path, data: bytes, kill_halfway: bool = False):
     os.replace(partial, path)
 
 
+@contextlib.contextmanager
+def hold(output: Path):
+    """`output`, created if need be, held by this run for the block: flock(2) on the folder, which the kernel also
+    drops when the process ends, however it ends (a lock file would outlive a SIGKILL). A second run into the same
+    folder is refused: two runs wrote each shard's `.partial` file together, and one of them died renaming it."""
+    output.mkdir(parents=True, exist_ok=True)
+    folder = os.open(output, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExampleError(f"{output} is being written by another run of embed_corpus.py: wait for it to end, or "
+                               f"choose another --output") from None
+        except OSError as error:  # a file system that cannot lock a folder (some network file systems)
+            print(f"Note: {output} cannot be locked ({error.strerror}): make sure no other run writes into it.")
+        yield
+    finally:
+        os.close(folder)
+
+
 def model_files(folder: Path) -> dict[str, str]:
     """The sha256 of every file of the model folder that can change its embeddings: weights, config, tokenizer and
     sentence-transformers files. Left out: the model card, the converter's manifest (it records modification times),
@@ -266,7 +289,7 @@ def check_manifest(output: Path, manifest: dict):
         raise ExampleError(f"{output} holds embeddings of another run: {'; '.join(reasons or differ)}. Resuming would "
                            f"mix the two: choose another --output, or rerun with the model, corpus and settings that "
                            f"made them to finish that run.")
-    if output.exists() and any(output.iterdir()):
+    if any(output.iterdir()):
         raise ExampleError(f"{output} is not empty and has no manifest.json: not an embed_corpus folder; choose "
                            "another --output")
 
@@ -336,58 +359,60 @@ def main(argv=None):
     max_length = resolve_max_length(args.max_length, max_length, tokenizer, model.config, folder)
     lengths = [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
     shards = plan_shards(lengths, args.shard_size)
-    if state.is_main_process:
-        manifest = {
-            "source": source, "model": str(folder.resolve()),
-            "corpus_sha256": corpus_sha256, "lines": num_lines, "sentences": len(sentences),
-            "model_files": model_files(folder),
-            "pooling": pooling, "normalize": normalize, "max_length": max_length, "dtype": args.dtype,
-            "shard_size": args.shard_size, "shards": len(shards),
-        }
-        check_manifest(output, manifest)
-        output.mkdir(parents=True, exist_ok=True)
-        write_atomically(output / "manifest.json", json.dumps(manifest, indent=1).encode())
-        pending = [i for i in range(len(shards)) if not finished(output, i, shard_lines(shards[i], line_numbers))]
-    else:
-        pending = None
-    # The main process decides what is left and every process follows, so two processes never disagree about a
-    # shard one of them has just finished. (Output must be on a filesystem all processes share.)
-    pending = broadcast_object_list([pending])[0] if state.num_processes > 1 else pending
-    mine = pending[state.process_index::state.num_processes]
-    state.print(f"{len(sentences)} sentences in {len(shards)} shards; {len(shards) - len(pending)} already done, "
-                f"{len(pending)} to embed on {state.num_processes} process(es); pooling {pooling}, "
-                f"normalize {normalize}, max_length {max_length}")
+    # The main process reads and writes the manifest, decides which shards are left and writes the index: it holds
+    # the folder from before the first read to after the last write.
+    with hold(output) if state.is_main_process else contextlib.nullcontext():
+        if state.is_main_process:
+            manifest = {
+                "source": source, "model": str(folder.resolve()),
+                "corpus_sha256": corpus_sha256, "lines": num_lines, "sentences": len(sentences),
+                "model_files": model_files(folder),
+                "pooling": pooling, "normalize": normalize, "max_length": max_length, "dtype": args.dtype,
+                "shard_size": args.shard_size, "shards": len(shards),
+            }
+            check_manifest(output, manifest)
+            write_atomically(output / "manifest.json", json.dumps(manifest, indent=1).encode())
+            pending = [i for i in range(len(shards)) if not finished(output, i, shard_lines(shards[i], line_numbers))]
+        else:
+            pending = None
+        # The main process decides what is left and every process follows, so two processes never disagree about a
+        # shard one of them has just finished. (Output must be on a filesystem all processes share.)
+        pending = broadcast_object_list([pending])[0] if state.num_processes > 1 else pending
+        mine = pending[state.process_index::state.num_processes]
+        state.print(f"{len(sentences)} sentences in {len(shards)} shards; {len(shards) - len(pending)} already done, "
+                    f"{len(pending)} to embed on {state.num_processes} process(es); pooling {pooling}, "
+                    f"normalize {normalize}, max_length {max_length}")
 
-    kill_after = int(os.environ.get("EMBED_CORPUS_KILL_AFTER_SHARDS", "0"))
-    start = time.perf_counter()
-    progress = tqdm(total=sum(len(shards[i]) for i in mine), unit="sentence", disable=not state.is_main_process,
-                    desc=f"process 0 of {state.num_processes}", mininterval=1.0)
-    for written, index in enumerate(mine):
-        rows = shards[index]
-        embeddings = []
-        for begin in range(0, len(rows), args.batch_size):
-            batch = [sentences[i] for i in rows[begin:begin + args.batch_size]]
-            inputs = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-            inputs = inputs.to(state.device)
-            with torch.inference_mode():
-                hidden = model(**inputs).last_hidden_state  # (B, T, E)
-                pooled = pool(hidden, inputs["attention_mask"], pooling)
-                if normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-            embeddings.append(pooled.float().cpu())
-            progress.update(len(batch))
-        tensors = {"embeddings": torch.cat(embeddings),
-                   "lines": shard_lines(rows, line_numbers)}
-        write_atomically(shard_path(output, index), save(tensors), kill_halfway=kill_after > 0 and written == kill_after)
-    progress.close()
-    state.wait_for_everyone()
-    elapsed = time.perf_counter() - start
-    if state.is_main_process:
-        write_index(output, shards, line_numbers, num_lines)
-        embedded = sum(len(shards[i]) for i in pending)
-        print(f"embedded {embedded} sentences in {elapsed:.1f} s ({embedded / max(elapsed, 1e-9):.1f} sentences/s) "
-              f"on {state.num_processes} process(es) x {torch.get_num_threads()} thread(s); wrote {output}")
-    state.destroy_process_group()
+        kill_after = int(os.environ.get("EMBED_CORPUS_KILL_AFTER_SHARDS", "0"))
+        start = time.perf_counter()
+        progress = tqdm(total=sum(len(shards[i]) for i in mine), unit="sentence", disable=not state.is_main_process,
+                        desc=f"process 0 of {state.num_processes}", mininterval=1.0)
+        for written, index in enumerate(mine):
+            rows = shards[index]
+            embeddings = []
+            for begin in range(0, len(rows), args.batch_size):
+                batch = [sentences[i] for i in rows[begin:begin + args.batch_size]]
+                inputs = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+                inputs = inputs.to(state.device)
+                with torch.inference_mode():
+                    hidden = model(**inputs).last_hidden_state  # (B, T, E)
+                    pooled = pool(hidden, inputs["attention_mask"], pooling)
+                    if normalize:
+                        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                embeddings.append(pooled.float().cpu())
+                progress.update(len(batch))
+            tensors = {"embeddings": torch.cat(embeddings), "lines": shard_lines(rows, line_numbers)}
+            write_atomically(shard_path(output, index), save(tensors),
+                             kill_halfway=kill_after > 0 and written == kill_after)
+        progress.close()
+        state.wait_for_everyone()
+        elapsed = time.perf_counter() - start
+        if state.is_main_process:
+            write_index(output, shards, line_numbers, num_lines)
+            embedded = sum(len(shards[i]) for i in pending)
+            print(f"embedded {embedded} sentences in {elapsed:.1f} s ({embedded / max(elapsed, 1e-9):.1f} sentences/s) "
+                  f"on {state.num_processes} process(es) x {torch.get_num_threads()} thread(s); wrote {output}")
+        state.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 the original; two processes (torchrun, gloo) give the one-process embeddings; a run killed in mid-write resumes
 without losing, repeating or rewriting a sentence; and a folder made with other settings is refused, untouched."""
 
+import fcntl
 import json
+import os
 import random
 import shutil
 
@@ -210,3 +212,20 @@ def test_a_damaged_shard_is_embedded_again(corpus, one_process, tmp_path):
     lines, embeddings = load_example("embed_corpus.py").load_embeddings(output)
     assert torch.equal(lines, one_process[0])
     assert_close(embeddings, one_process[1])
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(corpus, tmp_path):
+    """Two runs into one folder wrote each shard's `.partial` file together, and one died renaming it. A run holds
+    its folder (flock, which the kernel drops when the process ends, SIGKILL included: the kill-and-resume tests
+    resume): a second is refused, writing nothing."""
+    output = tmp_path / "out"
+    output.mkdir()
+    held = os.open(output, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a run in another process holds it
+    try:
+        with pytest.raises(ExampleError, match=rf"{output} is being written by another run of embed_corpus\.py: wait "
+                                               rf"for it to end, or choose another --output"):
+            embed_here(corpus[0], corpus[1], output)
+    finally:
+        os.close(held)
+    assert list(output.iterdir()) == []
