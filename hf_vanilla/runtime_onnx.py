@@ -11,7 +11,7 @@ kernel launch per op); ONNX Runtime runs the same graph from C++ with fused kern
 CPU: `benchmarks/engines.py` measures it, and docs/performance.md has the figures.
 
 What runs where. Every encoder of the model is exported with the repository's exporter
-(`conversion.onnx_export.export_encoder`, torch.onnx with dynamic batch and sequence axes) as one graph: a BERT-style
+(`hf_vanilla.export.export_encoder`, torch.onnx with dynamic batch and sequence axes) as one graph: a BERT-style
 `VanillaEncoderModel` (inside every `VanillaEncoder*` head) with its pooler, the encoder stack of an encoder-decoder
 alone. From then on the encoder calls ONNX Runtime whenever it can give the same answer:
 
@@ -387,7 +387,7 @@ def _cached_graph(unit, outputs: tuple, cache_dir: Path, key: str, fuse: bool) -
             graph = Path(staging, "model_fused.onnx")
             optimized.save_model_to_file(str(graph))
         else:
-            from hf_vanilla.conversion.onnx_export import export_encoder
+            from .export import export_encoder
 
             input_names = ["input_ids", "attention_mask"] + (["token_type_ids"] if config.type_vocab_size > 0 else [])
             graph = Path(staging, "model.onnx")

@@ -4,7 +4,7 @@ What traces, and how:
 - The encoder (`VanillaEncoderForSequenceClassification`, padded batch) exports with `torch.export.export` in both
   strict mode (TorchDynamo captures the Python) and non-strict mode (the Python runs, tensors are traced; what
   `torch.onnx.export(dynamo=True)` uses). An export is one graph or an error: there are no graph breaks to allow.
-- One decoder step (`hf_vanilla.conversion.onnx_export.DecoderStepGraph`: one new token, the self-attention cache as tensors,
+- One decoder step (`hf_vanilla.export.DecoderStepGraph`: one new token, the self-attention cache as tensors,
   an `EncoderDecoderCache` built inside) exports the same two ways.
 - `torch.compile(model, fullgraph=True)` (which raises on any graph break) gives the eager outputs, with
   `output_attentions=True` (eager attention) too: no feature of the model forces a break.
@@ -23,7 +23,7 @@ import torch
 from numerics import assert_close
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_vanilla.conversion.onnx_export import DecoderStepGraph
+from hf_vanilla.export import DecoderStepGraph
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForSequenceClassification,

@@ -228,7 +228,7 @@ def test_cached_graph_is_reused_without_exporting(base, monkeypatch):
     def no_export(*args, **kwargs):
         raise AssertionError("exported again although the graph was cached")
 
-    monkeypatch.setattr("hf_vanilla.conversion.onnx_export.export_encoder", no_export)  # what the runtime imports
+    monkeypatch.setattr("hf_vanilla.export.export_encoder", no_export)  # what the runtime imports
     monkeypatch.setattr("onnxruntime.transformers.optimizer.optimize_model", no_export)
     use_onnx_runtime(runtime, cache_dir=cache)
     assert sorted(cache.iterdir()) == before  # nothing written, no temporary file left
