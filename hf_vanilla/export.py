@@ -4,10 +4,14 @@ torch.export in non-strict mode, then translation to ONNX, with dynamic batch an
 (`torch.export.Dim`). Under export the model takes its padded path with a static additive mask (`is_tracing()` in
 kernels.py): the packed fast path and the input value checks branch on data, which a graph cannot.
 
-Its users: `python -m conversion onnx` (hf_vanilla/conversion/onnx_export.py), which checks the graphs against
-PyTorch and writes them next to the config and tokenizer, and the ONNX Runtime engine (hf_vanilla/runtime_onnx.py).
+Two users, two forms of the encoder graph:
+- `export_encoder`: the weights inside the graph, a file that runs on its own. `python -m conversion onnx`
+  (hf_vanilla/conversion/onnx_export.py) writes it, checked against PyTorch, next to the config and tokenizer.
+- `export_encoder_reading_weights`: no weight inside; every parameter and buffer is a graph input named as the
+  model names it (`encoder.layers.0.ffn.up_proj.weight`). The ONNX Runtime engine (hf_vanilla/runtimes/) feeds
+  these inputs the model's own tensors on every call, so the graph computes with whatever the model holds.
 
-Encoder graphs (`export_encoder`):
+Encoder graphs:
     inputs   input_ids, attention_mask (B, T) [, token_type_ids (B, T)], named as the tokenizer names them
     outputs  the model output's fields named by the caller: last_hidden_state (B, T, E), pooler_output (B, E),
              logits, start_logits, end_logits ...
@@ -134,6 +138,29 @@ def export_encoder(model, path: Path, input_names: list[str], output_names: tupl
     """A `VanillaEncoder*` model (or an encoder stack) -> one ONNX graph with its weights, dynamic in batch and
     sequence."""
     _export_encoder_program(model, input_names, output_names, optimize=True).save(str(path))
+
+
+def export_encoder_reading_weights(model, input_names: list[str], output_names: tuple[str, ...]):
+    """The encoder graph with no weight inside: after `input_names`, one graph input per parameter and buffer,
+    named as `model.named_parameters()` / `named_buffers()` name it (a tensor registered twice is one input).
+    Returns the `onnx.ModelProto`.
+
+    Exported without onnxscript's optimizer, whose constant folding would bake a transposed copy of each
+    projection's weight into the graph; the weights are made inputs first, then the optimizer runs and can fold
+    only what does not depend on them."""
+    import onnxscript
+
+    program = _export_encoder_program(model, input_names, output_names, optimize=False)
+    graph = program.model.graph
+    for name in list(graph.initializers):
+        if not name.startswith("model."):
+            continue  # a constant the trace made, not a tensor of the model
+        value = graph.initializers.pop(name)
+        value.const_value = None
+        value.name = name.removeprefix("model.")  # EncoderGraph holds the model as `model`
+        graph.inputs.append(value)
+    onnxscript.optimizer.optimize(program.model)
+    return program.model_proto
 
 
 def export_decoder_step(model, path: Path) -> None:

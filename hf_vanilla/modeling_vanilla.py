@@ -25,7 +25,6 @@ batches run without their padding) and `validation.py` (bad input refused before
 """
 
 import copy
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .kernels import VanillaLinear
 from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
+from .runtime_registry import apply_runtime
 from .validation import (
     check_choices, check_eos_tokens, check_inputs, check_labels, check_sequence_labels, check_target,
     self_attention_cache,
@@ -520,20 +520,14 @@ class VanillaPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
 
     @classmethod
-    def from_pretrained(cls, *args, runtime: str | None = None, **kwargs):
+    def from_pretrained(cls, *args, runtime: str | None = None, runtime_options: dict | None = None, **kwargs):
         """transformers' `from_pretrained`, with one more option: `runtime="onnxruntime"` runs the encoder on ONNX
-        Runtime wherever that gives the same answer, and PyTorch elsewhere (hf_vanilla/runtime_onnx.py: the graph
-        is exported once and cached on disk; it needs the onnx extra). For small requests on small models."""
+        Runtime wherever that gives the same answer, and PyTorch elsewhere; `runtime_options` go to the engine (ONNX
+        Runtime's: `cache_dir`, `threads`). The engine is found by name in runtime_registry.py and wraps the loaded
+        model from beside it (hf_vanilla/runtimes/, docs/deploy.md; it needs the onnx extra). For small requests on
+        small models."""
         model = super().from_pretrained(*args, **kwargs)
-        if runtime is None:
-            return model
-        if runtime != "onnxruntime":
-            raise ValueError(f"Unknown runtime {runtime!r}: pass runtime='onnxruntime', or leave it out for PyTorch.")
-        try:  # by name: a relative import would copy the runtime into every remote-code checkpoint
-            return importlib.import_module("hf_vanilla.runtime_onnx").use_onnx_runtime(model)
-        except ModuleNotFoundError as error:
-            raise ImportError(f"runtime='onnxruntime' needs the hf_vanilla package with its onnx extra ({error}): "
-                              f'pip install "hf_vanilla[onnx]"') from error
+        return model if runtime is None else apply_runtime(model, runtime, **(runtime_options or {}))
 
     def __init__(self, config, *inputs, **kwargs):
         # A config may be inconsistent while it is filled in field by field (as BertConfig allows); a model needs a
