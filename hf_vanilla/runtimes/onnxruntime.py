@@ -340,25 +340,27 @@ class _Watch:
 
     Every module's attribute dict and its parameter, buffer, submodule and forward hook registries, the config's
     fields and torch's global forward hooks are compared with shallow copies (the same objects, so a dict compares
-    by identity, in C); the modules' classes likewise; and the tensors fed to the graph by data pointer, shape,
-    stride, dtype and device. A change that bypasses all of these leaves the graph's answer right: a write into the
-    weights' memory is what the graph reads. Every comparison is a `map` over a flat list, run in C: 88 modules and
-    103 tensors (MiniLM) cost tens of microseconds."""
+    by identity, in C); the attribute dicts themselves, the modules' classes likewise; and the tensors fed to the
+    graph by data pointer, shape, stride, dtype and device. A change that bypasses all of these leaves the graph's
+    answer right: a write into the weights' memory is what the graph reads. Every comparison is a `map` over a flat
+    list, run in C (MiniLM: 531 dicts, 103 tensors; docs/performance.md has the cost)."""
 
     def __init__(self, unit, tensors: list):
         modules = list(unit.modules())
         configs = {id(m.config): m.config for m in modules if isinstance(getattr(m, "config", None),
                                                                           transformers.PretrainedConfig)}
-        self.dicts = [registry for m in modules for registry in (vars(m), m._parameters, m._buffers, m._modules,
-                                                                 m._forward_hooks, m._forward_pre_hooks)]
-        self.dicts += [vars(config) for config in configs.values()] + list(_GLOBAL_HOOKS)
+        self.owners = modules + list(configs.values())  # whose attribute dict must stay the same object
+        self.states = list(map(vars, self.owners))
+        self.dicts = self.states + [registry for m in modules for registry in (
+            m._parameters, m._buffers, m._modules, m._forward_hooks, m._forward_pre_hooks)] + list(_GLOBAL_HOOKS)
         self.copies = list(map(dict, self.dicts))
-        self.modules, self.types = modules, list(map(type, modules))
+        self.types = list(map(type, self.owners))
         self.tensors, self.meta = tensors, _tensor_meta(tensors)
 
     def unchanged(self) -> bool:
         try:
-            return (all(map(operator.eq, self.dicts, self.copies)) and list(map(type, self.modules)) == self.types
+            return (all(map(operator.eq, self.dicts, self.copies)) and list(map(type, self.owners)) == self.types
+                    and all(map(operator.is_, map(vars, self.owners), self.states))
                     and _tensor_meta(self.tensors) == self.meta)
         except (RuntimeError, ValueError):  # an attribute replaced by a tensor or array: == is elementwise
             return False
