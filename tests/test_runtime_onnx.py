@@ -273,34 +273,36 @@ def through_numpy(model):
     view *= 1.5
 
 
-# edit -> (what it does to the model, whether the graph still answers: True where only memory changed)
+# edit -> (what it does to the model, who answers after it: ONNX Runtime where only memory changed; PyTorch with a
+# warning where the graph no longer matches the model; PyTorch, silently, while a hook inside must run)
 EDITS = {
-    "p.data.mul_": (lambda m: m.encoder.layers[0].ffn.up_proj.weight.data.mul_(1.5), True),
-    "p.data = ...": (assign_new_tensor, True),
-    "a numpy view": (through_numpy, True),
-    "vector_to_parameters": (scale_by_vector, True),
-    "half().float()": (lambda m: m.half().float(), True),
-    "layers = layers[:1]": (lambda m: setattr(m.encoder, "layers", m.encoder.layers[:1]), False),
-    "del layers[1]": (lambda m: m.encoder.layers.__delitem__(1), False),
+    "p.data.mul_": (lambda m: m.encoder.layers[0].ffn.up_proj.weight.data.mul_(1.5), "onnx"),
+    "p.data = ...": (assign_new_tensor, "onnx"),
+    "a numpy view": (through_numpy, "onnx"),
+    "vector_to_parameters": (scale_by_vector, "onnx"),
+    "half().float()": (lambda m: m.half().float(), "onnx"),
+    "layers = layers[:1]": (lambda m: setattr(m.encoder, "layers", m.encoder.layers[:1]), "warned"),
+    "del layers[1]": (lambda m: m.encoder.layers.__delitem__(1), "warned"),
     "LoRA replaces a Linear": (lambda m: setattr(m.encoder.layers[0].self_attn, "q_proj",
-                                                 LowRank(m.encoder.layers[0].self_attn.q_proj)), False),
-    "another activation": (lambda m: setattr(m.encoder.layers[0].ffn, "act", torch.nn.ReLU()), False),
-    "config.position_offset": (lambda m: setattr(m.config, "position_offset", 2), False),
+                                                 LowRank(m.encoder.layers[0].self_attn.q_proj)), "warned"),
+    "another activation": (lambda m: setattr(m.encoder.layers[0].ffn, "act", torch.nn.ReLU()), "warned"),
+    "config.position_offset": (lambda m: setattr(m.config, "position_offset", 2), "warned"),
     "a forward hook inside": (lambda m: m.encoder.layers[0].register_forward_hook(
-        lambda module, inputs, output: (output[0] * 2, *output[1:])), False),
+        lambda module, inputs, output: (output[0] * 2, *output[1:])), "pytorch"),
 }
 
 
 @pytest.mark.parametrize("edit", EDITS)
 def test_an_edited_model_gets_pytorchs_answer_on_the_edited_model(base, edit):
     """Each edit once left ONNX Runtime serving the old model (stale by 0.005-4.7 here). Edits of the weights'
-    memory run on ONNX Runtime; the others run PyTorch with a warning that names the fix."""
+    memory run on ONNX Runtime; the others run PyTorch, with a warning that names the fix where calling
+    use_onnx_runtime again would trace the new model."""
     _, _, eager, cache = base
     model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
     input_ids, mask = padded_batch([6, 10])
     with torch.inference_mode():
         before = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-    change, on_onnx_runtime = EDITS[edit]
+    change, answered_by = EDITS[edit]
     torch.manual_seed(0)
     with torch.no_grad():
         change(model)
@@ -314,10 +316,24 @@ def test_an_edited_model_gets_pytorchs_answer_on_the_edited_model(base, edit):
     assert (before[real] - expected[real]).abs().max() > 100 * 1e-5 * expected.abs().max()  # visible, by far
     assert_close(got[real], expected[real])
     messages = [str(w.message) for w in caught]
-    if on_onnx_runtime:
-        assert calls.count == 2 and not messages
-    else:
-        assert calls.count == 0 and len(messages) == 1 and "use_onnx_runtime(model) again" in messages[0]
+    assert calls.count == (2 if answered_by == "onnx" else 0)
+    assert len(messages) == (answered_by == "warned")
+    assert all("use_onnx_runtime(model) again" in message for message in messages)
+
+
+def test_forward_hooks_inside_the_encoder_run_in_pytorch_while_they_are_set(base):
+    _, _, eager, cache = base
+    model, seen = copy.deepcopy(eager), []
+    handle = model.encoder.layers[1].register_forward_hook(lambda module, inputs, output: seen.append(module))
+    use_onnx_runtime(model, cache_dir=cache)
+    input_ids, mask = padded_batch([6, 10])
+    calls, ran = Calls(model), len(seen)
+    with torch.inference_mode():
+        model(input_ids=input_ids, attention_mask=mask)
+        assert calls.count == 0 and len(seen) == ran + 1
+        handle.remove()
+        model(input_ids=input_ids, attention_mask=mask)
+    assert calls.count == 1 and len(seen) == ran + 1
 
 
 def test_a_changed_model_runs_on_onnx_runtime_again_once_retraced(base, exports):

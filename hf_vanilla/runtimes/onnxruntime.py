@@ -27,12 +27,13 @@ is a graph input, fed on every call with the model's own tensor memory (a numpy 
 memory by any route (an optimizer step, `load_state_dict`, `p.data.mul_()`, a numpy view of a weight) is what the
 next call computes with: there is nothing to detect. What replaces memory or changes the model is detected by a
 check on every call (`_Watch`: the identity of every module's attributes, registries, class and forward hooks, of
-the config's fields and torch's global hooks, and the data pointer, shape, stride and dtype of every weight fed).
-When it sees a change, the model is compared by value with what the graph was traced from (`_structure`): equal
-(tensors replaced by others of the same shape: `p.data = ...`, `vector_to_parameters`, `half().float()`, a deep
-copy), the new memory is fed; different (a layer removed, a module replaced as LoRA does, a config value the graph
-baked in, a forward hook inside the encoder), PyTorch runs, with a warning naming the fix: call `use_onnx_runtime`
-again. ONNX Runtime keeps no copy of the weights, and the graph is the same for every checkpoint of one
+the config's fields and torch's global hooks, and the data pointer, shape, stride, dtype and device of every weight
+fed). When it sees a change, the model is compared by value with what the graph was traced from (`_structure`):
+equal (tensors replaced by others of the same shape: `p.data = ...`, `vector_to_parameters`, `half().float()`, a
+deep copy), the new memory is fed; different (a layer removed, a module replaced as LoRA does, a config value the
+graph baked in), PyTorch runs, with a warning naming the fix: call `use_onnx_runtime` again. Forward hooks on the
+modules inside the encoder (or torch's global ones), which the graph would not run, send calls to PyTorch while they
+are set. ONNX Runtime keeps no copy of the weights, and the graph is the same for every checkpoint of one
 architecture.
 
 Padded batches keep the padding-free idea: a batch whose padding is at the end of each row is split into groups of
@@ -265,8 +266,8 @@ class OnnxEncoder:
         named = dict(_named_tensors(unit))
         tensors = [named[name] for name in self.weights]
         watch = _Watch(unit, tensors)
-        if any(module.training for module in unit.modules()) or not all(map(_feedable, tensors)):
-            return watch, None  # training, or weights moved off float32 CPU memory: documented, no warning
+        if _hooked(unit) or any(module.training for module in unit.modules()) or not all(map(_feedable, tensors)):
+            return watch, None  # hooks to run, training, weights moved off float32 CPU memory: documented, no warning
         return watch, {name: tensor.detach().numpy() for name, tensor in zip(self.weights, tensors)}
 
     def probe(self) -> float:
@@ -279,7 +280,8 @@ class OnnxEncoder:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         with torch.inference_mode():
             expected = self.forward(**inputs, return_dict=True)
-        _, weights = self._verify()
+        named = dict(_named_tensors(self.unit))
+        weights = {name: named[name].detach().numpy() for name in self.weights}
         feeds = {name: value.numpy() for name, value in inputs.items()}
         if self.token_types:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
@@ -315,6 +317,12 @@ class OnnxEncoder:
                 whole[index] = part
         outputs[0][mask == 0] = 0.0
         return outputs
+
+
+def _hooked(unit) -> bool:
+    """Whether forward hooks would run inside the unit (its own run around the engine either way)."""
+    return any(_GLOBAL_HOOKS) or any(module._forward_hooks or module._forward_pre_hooks
+                                     for module in unit.modules() if module is not unit)
 
 
 def _is_tracing() -> bool:
@@ -373,8 +381,8 @@ def _tensor_meta(tensors: list) -> tuple:
 
 # torch's global forward hooks run around every module's forward: inside the graph they would not run.
 _GLOBAL_HOOKS = (torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks)
-# What a module's attribute dict holds besides what it computes with: registries (walked apart), hooks (counted
-# apart), and the training flag (a documented reason to run PyTorch, not a change).
+# What a module's attribute dict holds besides what it computes with: registries (walked apart), hooks and the
+# training flag (documented reasons to run PyTorch, checked apart), and where the weights came from.
 _MODULE_BOOKKEEPING = {"_parameters", "_buffers", "_modules", "training", "_is_full_backward_hook", "_backward_hooks",
                        "_backward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
                        "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
@@ -388,9 +396,9 @@ _CONFIG_PER_CALL = {"output_hidden_states", "_output_attentions", "return_dict",
 
 def _structure(unit) -> dict:
     """What the graph was traced from, by value, the weights' values aside: for every module (by path) its class,
-    its attributes, its parameters' and buffers' shapes (and which name another tensor's is), whether a forward hook
-    is set on it (below the unit, whose own hooks run either way), and the config's fields. Plain data compares by
-    value; any other object by identity (its state is not seen, so only that very object is the same)."""
+    its attributes, its parameters' and buffers' shapes (and which name another tensor's is), and the config's
+    fields. Plain data compares by value; any other object by identity (its state is not seen, so only that very
+    object is the same)."""
     structure, first_name, configs = {}, {}, {}
     for path, module in unit.named_modules(remove_duplicate=False):
         attributes = {name: value for name, value in vars(module).items() if name not in _MODULE_BOOKKEEPING
@@ -401,10 +409,8 @@ def _structure(unit) -> dict:
                 full = f"{path}.{name}" if path else name
                 tensors[name] = None if tensor is None else (list(tensor.shape),
                                                               first_name.setdefault(id(tensor), full))
-        hooks = 0 if module is unit else len(module._forward_hooks) + len(module._forward_pre_hooks)
         structure[path] = {"class": _plain(type(module), configs), "attributes": _plain(attributes, configs),
-                           "tensors": tensors, "children": [name for name in module._modules], "hooks": hooks}
-    structure["global hooks"] = sum(map(len, _GLOBAL_HOOKS))
+                           "tensors": tensors, "children": [name for name in module._modules]}
     return structure
 
 
@@ -434,15 +440,13 @@ def _difference(reference: dict, current: dict) -> str:
     """Where two structures first differ, for the warning: a module and what of it, or a config field."""
     path = next(p for p in sorted(set(reference) | set(current)) if reference.get(p) != current.get(p))
     was, now = reference.get(path), current.get(path)
-    if path == "global hooks":
-        return f"torch's global forward hooks: {was} -> {now}"
     if was is None or now is None:
         return f"{path} {'added' if was is None else 'removed'}"
     part = next(p for p in was if was[p] != now[p])
     if part != "attributes":
         return f"{path or 'the encoder'}: {part}"
     name = next(n for n in sorted(set(was[part]) | set(now[part])) if was[part].get(n) != now[part].get(n))
-    if name == "config":
+    if name == "config" and all(isinstance(c[part].get(name), dict) for c in (was, now)):
         old, new = was[part][name]["fields"], now[part][name]["fields"]
         return "config." + next(f for f in sorted(set(old) | set(new)) if old.get(f) != new.get(f))
     return f"{path + '.' if path else ''}{name}"
