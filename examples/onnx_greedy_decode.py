@@ -4,7 +4,7 @@
     python examples/onnx_greedy_decode.py --model DIR          # a vanilla seq2seq checkpoint (converted or trained)
     python examples/onnx_greedy_decode.py --model DIR --onnx ONNX_DIR --text "a sentence" --text "another"
 
-The graphs are those of `python -m conversion onnx --task seq2seq` (see conversion/onnx_export.py):
+The graphs are those of `python -m conversion onnx --task seq2seq` (see hf_vanilla/export.py):
     encoder_model.onnx   input_ids, attention_mask [, token_type_ids]     -> last_hidden_state (B, S, E)
     decoder_model.onnx   input_ids (B, 1), encoder_hidden_states, encoder_attention_mask,
                          past_key_values.{i}.key/.value (B, H, P, D)        -> logits (B, 1, V), present.{i}.key/.value

@@ -14,7 +14,6 @@ keywords only. Shapes follow `transformer.py`'s key (B, T, S, E, V).
 """
 
 import copy
-import importlib
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +33,7 @@ from .compat import one_cache
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .heads import MODELS
 from .kernels import VanillaLinear
+from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
     check_choices, check_eos_tokens, check_labels, check_sequence_labels, check_span_positions, check_target,
@@ -66,20 +66,14 @@ class VanillaPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
 
     @classmethod
-    def from_pretrained(cls, *args, runtime: str | None = None, **kwargs):
+    def from_pretrained(cls, *args, runtime: str | None = None, runtime_options: dict | None = None, **kwargs):
         """transformers' `from_pretrained`, with one more option: `runtime="onnxruntime"` runs the encoder on ONNX
-        Runtime wherever that gives the same answer, and PyTorch elsewhere (hf_vanilla/runtime_onnx.py: the graph
-        is exported once and cached on disk; it needs the onnx extra). For small requests on small models."""
+        Runtime wherever that gives the same answer, and PyTorch elsewhere; `runtime_options` go to the engine (ONNX
+        Runtime's: `cache_dir`, `threads`). The engine is found by name in runtime_registry.py and wraps the loaded
+        model from beside it (hf_vanilla/runtimes/, docs/deploy.md; it needs the onnx extra). For small requests on
+        small models."""
         model = super().from_pretrained(*args, **kwargs)
-        if runtime is None:
-            return model
-        if runtime != "onnxruntime":
-            raise ValueError(f"Unknown runtime {runtime!r}: pass runtime='onnxruntime', or leave it out for PyTorch.")
-        try:  # by name: a relative import would copy the runtime into every remote-code checkpoint
-            return importlib.import_module("hf_vanilla.runtime_onnx").use_onnx_runtime(model)
-        except ModuleNotFoundError as error:
-            raise ImportError(f"runtime='onnxruntime' needs the hf_vanilla package with its onnx extra ({error}): "
-                              f'pip install "hf_vanilla[onnx]"') from error
+        return model if runtime is None else apply_runtime(model, runtime, **(runtime_options or {}))
 
     def __init__(self, config, *inputs, **kwargs):
         # A config may be inconsistent while it is filled in field by field (as BertConfig allows); a model needs a

@@ -4,7 +4,7 @@ What traces, and how:
 - The encoder (`VanillaEncoderForSequenceClassification`, padded batch) exports with `torch.export.export` in both
   strict mode (TorchDynamo captures the Python) and non-strict mode (the Python runs, tensors are traced; what
   `torch.onnx.export(dynamo=True)` uses). An export is one graph or an error: there are no graph breaks to allow.
-- One decoder step (`hf_vanilla.conversion.onnx_export.DecoderStepGraph`: one new token, the self-attention cache as tensors,
+- One decoder step (`hf_vanilla.export.DecoderStepGraph`: one new token, the self-attention cache as tensors,
   an `EncoderDecoderCache` built inside) exports the same two ways.
 - `torch.compile(model, fullgraph=True)` (which raises on any graph break) gives the eager outputs, with
   `output_attentions=True` (eager attention) too: no feature of the model forces a break.
@@ -23,7 +23,8 @@ import torch
 from numerics import assert_close
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_vanilla.conversion.onnx_export import DecoderStepGraph
+from hf_vanilla.compat import CACHE_FIELD
+from hf_vanilla.export import DecoderStepGraph
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForSequenceClassification,
@@ -104,7 +105,7 @@ def decoder_step_inputs(model, prefix_length: int = 3, seed: int = 0):
         prefix = model(attention_mask=source_mask, encoder_outputs=BaseModelOutput(last_hidden_state=states),
                        decoder_input_ids=target[:, :-1], use_cache=True)
         full = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target, use_cache=False).logits
-    cache = prefix.past_key_values.self_attention_cache
+    cache = prefix[CACHE_FIELD].self_attention_cache
     past = tuple(t for layer in cache.layers for t in (layer.keys, layer.values))  # each (B, H, prefix, D)
     return (target[:, -1:], states, source_mask, past), full[:, -1:]
 

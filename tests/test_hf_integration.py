@@ -111,7 +111,12 @@ REMOTE_SCRIPT = textwrap.dedent(
             ours = pipeline("fill-mask", model=item["vanilla"], trust_remote_code=True)(texts[0], top_k=5)
             theirs = pipeline("fill-mask", model=item["reference"])(texts[0], top_k=5)
             results["fill_mask"] = {"ours": ours, "theirs": theirs}
-        if item["kind"] == "minilm":  # sentence-transformers reads the same folder through remote code
+        if item["kind"] == "minilm":
+            try:  # the engines come with the hf_vanilla package, which is not here
+                transformers.AutoModel.from_pretrained(item["vanilla"], trust_remote_code=True, runtime="onnxruntime")
+            except Exception as error:
+                results["runtime_error"] = f"{type(error).__name__}: {error}"
+            # sentence-transformers reads the same folder through remote code
             from sentence_transformers import SentenceTransformer
             ours = SentenceTransformer(item["vanilla"], trust_remote_code=True, device="cpu").encode(texts)
             theirs = SentenceTransformer(item["reference"], device="cpu").encode(texts)
@@ -156,6 +161,12 @@ def remote_results(checkpoints, resaved, tmp_path_factory):
 
 def test_subprocess_cannot_import_hf_vanilla(remote_results):
     assert remote_results["hf_vanilla_importable"] is False
+
+
+def test_remote_code_without_hf_vanilla_names_what_the_runtime_needs(remote_results):
+    """The checkpoint's own copy of runtime_registry.py knows the built-in engines, which hf_vanilla ships."""
+    assert remote_results["runtime_error"] == ("ImportError: runtime='onnxruntime' comes with the hf_vanilla package, "
+                                               'which is not installed here: pip install "hf_vanilla[onnx]".')
 
 
 def test_every_auto_class_loads_through_remote_code_and_matches_bert(remote_results):

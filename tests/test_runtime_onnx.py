@@ -1,21 +1,38 @@
-"""`hf_vanilla.runtime_onnx.use_onnx_runtime`: the encoder on ONNX Runtime behind the unchanged Hugging Face API.
+"""`runtime="onnxruntime"` (hf_vanilla/runtimes/onnxruntime.py): the encoder on ONNX Runtime behind the unchanged
+Hugging Face API.
 
 Against transformers' own models on the same weights (small random BERTs with the real vocabulary, a tiny Marian):
 - hidden states and the pooler (which runs in the graph) at real tokens within the tests/numerics.py rule, for
-  right-padded batches (run as groups of
-  similar length), left padding (run whole), a dense batch and one row; padding positions are zeros, as on
-  PyTorch's packed path; and ONNX Runtime did run;
+  right-padded batches (run as groups of similar length), left padding (run whole), a dense batch and one row;
+  padding positions are zeros, as on PyTorch's packed path; and ONNX Runtime did run;
 - a classifier head and the text-classification pipeline give transformers' answers;
 - generate() with the encoder on ONNX Runtime gives transformers' tokens;
-- what ONNX Runtime cannot answer runs in PyTorch, with PyTorch's results: hidden states asked for, autograd,
-  weights changed after the export (with a warning naming the fix), a deep copy; bad input gets PyTorch's error;
-- the cache: a second call reuses the graphs without exporting; other weights get their own graphs;
-- of the plain and the BERT-optimized graph, the one measured faster here runs;
+- what ONNX Runtime cannot answer runs in PyTorch, with PyTorch's results: hidden states asked for, autograd, bad
+  input (PyTorch's error);
+- the weights the model holds are the ones computed with (issue 29, item 1): after each of ten edits that once left
+  the graph serving the old weights, and a forward hook inside the encoder, the answer is PyTorch's on the edited
+  model; writes into the weights' memory and tensors replaced by others of the same shape still run on ONNX
+  Runtime; changes of structure or config run PyTorch, with a warning naming the fix; a deep copy runs its own
+  weights;
+- the cache (issue 29, item 2): a second attach reuses the graph without exporting; a truncated, emptied, replaced
+  or forged entry, or a directory in its place, is exported again; the folder comes from `runtime_options`, then
+  $HF_VANILLA_ONNX_CACHE; a cache that cannot be written gives one warning and still runs ONNX Runtime; leftovers
+  of dead exports are removed;
+- the registry: an unknown name or a missing extra is a one-line error; the engine modules import neither the
+  model code nor each other upward;
 - the grouping of rows by length covers every row once, trimmed to each group's longest row.
 """
 
+import ast
 import copy
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +40,7 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
+import onnx  # noqa: E402
 from hf_references import converted  # noqa: E402
 from numerics import assert_close  # noqa: E402
 from transformers import (  # noqa: E402
@@ -37,9 +55,12 @@ from transformers import (  # noqa: E402
 )
 
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
+from hf_vanilla import runtime_registry  # noqa: E402
 from hf_vanilla.conversion.seq2seq import marian_to_vanilla  # noqa: E402
-from hf_vanilla import runtime_onnx  # noqa: E402
-from hf_vanilla.runtime_onnx import length_groups, remove_onnx_runtime, use_onnx_runtime  # noqa: E402
+from hf_vanilla.runtimes import onnxruntime as engine  # noqa: E402
+from hf_vanilla.runtimes.onnxruntime import length_groups, remove_onnx_runtime, use_onnx_runtime  # noqa: E402
+
+PACKAGE = Path(hf_vanilla.__file__).parent
 
 
 def padded_batch(lengths, left=False, seed=0, low=1000, vocab=30522):
@@ -52,20 +73,45 @@ def padded_batch(lengths, left=False, seed=0, low=1000, vocab=30522):
     return input_ids, mask.long()
 
 
+def engines(model) -> list:
+    return [vars(m)["forward"] for m in model.modules() if isinstance(vars(m).get("forward"), engine.OnnxEncoder)]
+
+
 class Calls:
-    """Counts the ONNX Runtime session calls of every runtime-backed stack in a model."""
+    """Counts the ONNX Runtime session calls of every encoder of a model that runs on the engine."""
 
     def __init__(self, model):
         self.count = 0
-        for module in model.modules():
-            runner = module.__dict__.get("_onnx_runner")
-            if runner is not None:
-                run = runner._session_run
-                runner._session_run = lambda feeds, run=run: self._count(run, feeds)
+        for runner in engines(model):
+            runner.session = _Counted(runner.session, self)
 
-    def _count(self, run, feeds):
-        self.count += 1
-        return run(feeds)
+
+class _Counted:
+    def __init__(self, session, calls):
+        self.session, self.calls = session, calls
+
+    def run(self, *args, **kwargs):
+        self.calls.count += 1
+        return self.session.run(*args, **kwargs)
+
+
+_EXPORTED = {}
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """The keys exported during a test. Each key is exported for real once per session (seconds each), then
+    replayed: what is tested is when the cache asks for an export, not the exporter."""
+    keys, export = [], engine._export
+
+    def replay(unit, inputs, outputs, key):
+        keys.append(key)
+        if key not in _EXPORTED:
+            _EXPORTED[key] = export(unit, inputs, outputs, key)
+        return _EXPORTED[key]
+
+    monkeypatch.setattr(engine, "_export", replay)
+    return keys
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +149,13 @@ def test_hidden_states_match_transformers(base, lengths, left):
 
 
 def test_classifier_and_pipeline_match_transformers(tmp_path_factory, minilm_path, tmp_path, monkeypatch):
-    """Reached as a user would: the Auto class's from_pretrained with runtime="onnxruntime"."""
+    """Reached as a user would: the Auto class's from_pretrained with runtime="onnxruntime", the graph cache in
+    $HF_VANILLA_ONNX_CACHE."""
     reference_dir, vanilla_dir = converted(tmp_path_factory, minilm_path, "sentiment")
     reference = BertForSequenceClassification.from_pretrained(reference_dir).eval()
-    monkeypatch.setattr(runtime_onnx, "default_cache_dir", lambda: tmp_path)
+    monkeypatch.setenv(engine.CACHE_ENV, str(tmp_path))
     ours = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, runtime="onnxruntime").eval()
-    with pytest.raises(ValueError, match="Unknown runtime 'tensorrt'"):
-        AutoModelForSequenceClassification.from_pretrained(vanilla_dir, runtime="tensorrt")
+    assert len(list(tmp_path.glob("encoder-*.onnx"))) == 1
     tokenizer = AutoTokenizer.from_pretrained(vanilla_dir)
     texts = ["a quiet evening by the river", "no", "the results were nothing like what the paper promised at all"]
     batch = tokenizer(texts, padding=True, return_tensors="pt")
@@ -148,8 +194,8 @@ def test_generate_matches_transformers_with_encoder_on_onnx_runtime(tmp_path):
 @pytest.mark.parametrize("form", ["int32 ids", "bool mask", "float mask", "uint8 mask", "one row of segments",
                                   "no mask", "transposed ids"])
 def test_every_input_form_pytorch_takes_runs_on_onnx_runtime(base, form):
-    """The runtime reads its inputs in numpy and asks `check_inputs` only when that quick look refuses them: every
-    form PyTorch's path accepts still runs on ONNX Runtime, with PyTorch's answer."""
+    """The engine reads its inputs in numpy: every form PyTorch's path accepts runs on ONNX Runtime, with PyTorch's
+    answer."""
     _, runtime, eager, _ = base
     input_ids, mask = padded_batch([9, 4, 13])
     kwargs = {"input_ids": input_ids, "attention_mask": mask}
@@ -188,81 +234,336 @@ def test_what_onnx_runtime_cannot_answer_runs_in_pytorch(base):
     assert runtime.encoder.embeddings.word_embeddings.weight.grad is not None
     runtime.zero_grad(set_to_none=True)
     assert calls.count == 0
-    with pytest.raises(ValueError, match="input_ids"):  # PyTorch's check and message: an id past the vocabulary
-        with torch.inference_mode():
-            runtime(input_ids=input_ids + runtime.config.vocab_size, attention_mask=mask)
+    for bad in (input_ids + runtime.config.vocab_size, input_ids - 2000):  # PyTorch's check and message
+        with pytest.raises(ValueError, match="input_ids contains"), torch.inference_mode():
+            runtime(input_ids=bad, attention_mask=mask)
+    with pytest.raises(ValueError, match="attention_mask must hold 1"), torch.inference_mode():
+        runtime(input_ids=input_ids, attention_mask=mask * 2)
+    assert calls.count == 0
 
 
-def test_changed_weights_fall_back_with_a_warning_and_reexport(base):
-    reference, _, eager, cache = base
+# ---- the weights the model holds (issue 29, item 1) ------------------------------------------------------------
+
+
+class LowRank(torch.nn.Module):
+    """What LoRA injects in place of a projection: the projection plus a low-rank update."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+        self.down = torch.nn.Linear(base.in_features, 2, bias=False)
+        self.up = torch.nn.Linear(2, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+def scale_by_vector(model):
+    vector = torch.nn.utils.parameters_to_vector(model.parameters())
+    torch.nn.utils.vector_to_parameters(vector * 1.5, model.parameters())
+
+
+def assign_new_tensor(model):
+    weight = model.encoder.layers[0].ffn.up_proj.weight
+    weight.data = weight.data * 1.5
+
+
+def through_numpy(model):
+    view = model.encoder.layers[0].ffn.up_proj.weight.detach().numpy()
+    view *= 1.5
+
+
+# edit -> (what it does to the model, who answers after it: ONNX Runtime where only memory changed; PyTorch with a
+# warning where the graph no longer matches the model; PyTorch, silently, while a hook inside must run)
+EDITS = {
+    "p.data.mul_": (lambda m: m.encoder.layers[0].ffn.up_proj.weight.data.mul_(1.5), "onnx"),
+    "p.data = ...": (assign_new_tensor, "onnx"),
+    "a numpy view": (through_numpy, "onnx"),
+    "vector_to_parameters": (scale_by_vector, "onnx"),
+    "half().float()": (lambda m: m.half().float(), "onnx"),
+    "layers = layers[:1]": (lambda m: setattr(m.encoder, "layers", m.encoder.layers[:1]), "warned"),
+    "del layers[1]": (lambda m: m.encoder.layers.__delitem__(1), "warned"),
+    "LoRA replaces a Linear": (lambda m: setattr(m.encoder.layers[0].self_attn, "q_proj",
+                                                 LowRank(m.encoder.layers[0].self_attn.q_proj)), "warned"),
+    "another activation": (lambda m: setattr(m.encoder.layers[0].ffn, "act", torch.nn.ReLU()), "warned"),
+    "config.position_offset": (lambda m: setattr(m.config, "position_offset", 2), "warned"),
+    "a forward hook inside": (lambda m: m.encoder.layers[0].register_forward_hook(
+        lambda module, inputs, output: (output[0] * 2, *output[1:])), "pytorch"),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_an_edited_model_gets_pytorchs_answer_on_the_edited_model(base, edit):
+    """Each edit once left ONNX Runtime serving the old model (stale by 0.005-4.7 here). Edits of the weights'
+    memory run on ONNX Runtime; the others run PyTorch, with a warning that names the fix where calling
+    use_onnx_runtime again would trace the new model."""
+    _, _, eager, cache = base
     model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
     input_ids, mask = padded_batch([6, 10])
-    copied = copy.deepcopy(model)  # new parameters: the copy runs in PyTorch until use_onnx_runtime is called on it
+    with torch.inference_mode():
+        before = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    change, answered_by = EDITS[edit]
+    torch.manual_seed(0)
     with torch.no_grad():
-        model.encoder.layers[0].ffn.up_proj.weight.mul_(1.5)
-    changed = remove_onnx_runtime(copy.deepcopy(model))  # the changed weights, in PyTorch
+        change(model)
+    calls = Calls(model)
+    with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        model(input_ids=input_ids, attention_mask=mask)
+        expected = remove_onnx_runtime(copy.deepcopy(model))(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert (before[real] - expected[real]).abs().max() > 100 * 1e-5 * expected.abs().max()  # visible, by far
+    assert_close(got[real], expected[real])
+    messages = [str(w.message) for w in caught]
+    assert calls.count == (2 if answered_by == "onnx" else 0)
+    assert len(messages) == (answered_by == "warned")
+    assert all("use_onnx_runtime(model) again" in message for message in messages)
+
+
+def test_forward_hooks_inside_the_encoder_run_in_pytorch_while_they_are_set(base):
+    _, _, eager, cache = base
+    model, seen = copy.deepcopy(eager), []
+    handle = model.encoder.layers[1].register_forward_hook(lambda module, inputs, output: seen.append(module))
+    use_onnx_runtime(model, cache_dir=cache)
+    input_ids, mask = padded_batch([6, 10])
+    calls, ran = Calls(model), len(seen)
+    with torch.inference_mode():
+        model(input_ids=input_ids, attention_mask=mask)
+        assert calls.count == 0 and len(seen) == ran + 1
+        handle.remove()
+        model(input_ids=input_ids, attention_mask=mask)
+    assert calls.count == 1 and len(seen) == ran + 1
+
+
+def test_a_changed_model_runs_on_onnx_runtime_again_once_retraced(base, exports):
+    _, _, eager, cache = base
+    model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    del model.encoder.layers[1]
+    input_ids, mask = padded_batch([6, 10])
+    with pytest.warns(UserWarning, match=r"encoder\.layers: children"), torch.inference_mode():
+        model(input_ids=input_ids, attention_mask=mask)
+    use_onnx_runtime(model, cache_dir=cache)
     calls = Calls(model)
     with torch.inference_mode():
-        with pytest.warns(UserWarning, match="use_onnx_runtime"):
-            got = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        expected = changed(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        assert calls.count == 0
-        assert_close(got[mask.bool()], expected[mask.bool()])
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # warned once, not on every call
-            model(input_ids=input_ids, attention_mask=mask)
-        graphs = set(cache.glob("*.onnx"))
-        use_onnx_runtime(model, cache_dir=cache)  # the new weights get their own graphs (plain and fused)
-        calls = Calls(model)
+        got = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        expected = remove_onnx_runtime(copy.deepcopy(model))(input_ids=input_ids, attention_mask=mask)
+    assert calls.count == 1 and len(exports) == 1
+    assert_close(got[mask.bool()], expected.last_hidden_state[mask.bool()])
+
+
+def test_a_deep_copy_runs_its_own_weights(base):
+    _, _, eager, cache = base
+    model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        copied.encoder.layers[1].self_attn.v_proj.weight.mul_(-1)
+    input_ids, mask = padded_batch([6, 10])
+    calls = Calls(copied), Calls(model)
+    with torch.inference_mode():
+        for ours in (copied, model):
+            expected = remove_onnx_runtime(copy.deepcopy(ours))(input_ids=input_ids, attention_mask=mask)
+            got = ours(input_ids=input_ids, attention_mask=mask)
+            assert_close(got.last_hidden_state[mask.bool()], expected.last_hidden_state[mask.bool()])
+            assert_close(got.pooler_output, expected.pooler_output)
+    assert [c.count for c in calls] == [1, 1]
+
+
+# ---- the graph cache (issue 29, item 2) ------------------------------------------------------------------------
+
+
+def forged(graph: bytes, key: str, directory: Path) -> None:
+    """`graph` rewritten to claim `key`, stored under the name its bytes' digest gives: it passes every file check."""
+    model = onnx.load_from_string(graph)
+    for prop in model.metadata_props:
+        if prop.key == engine.KEY_METADATA:
+            prop.value = key
+    data = model.SerializeToString()
+    (directory / f"encoder-{key}-{hashlib.sha256(data).hexdigest()[:16]}.onnx").write_bytes(data)
+
+
+def other_graph(eager, directory: Path, **config) -> bytes:
+    """The graph of `eager` with `config` changed, exported into `directory`."""
+    other = copy.deepcopy(eager)
+    for name, value in config.items():
+        setattr(other.config, name, value)
+    del other.encoder.layers[other.config.num_hidden_layers:]
+    use_onnx_runtime(other, cache_dir=directory)
+    (path,) = directory.glob("encoder-*.onnx")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "a directory", "another model's graph",
+                                    "another model's graph, with our key", "a forged graph of the same signature"])
+def test_a_damaged_cache_entry_is_exported_again(base, tmp_path, exports, damage):
+    _, _, eager, _ = base
+    cache = tmp_path / "cache"
+    use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    (entry,) = cache.glob("encoder-*.onnx")
+    key = entry.name.split("-")[1]
+    graph = entry.read_bytes()
+    if damage == "truncated":
+        entry.write_bytes(graph[: len(graph) // 2])
+    elif damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "a directory":
+        entry.unlink()
+        entry.mkdir()
+        (entry / "model.onnx").write_bytes(graph)
+    else:
+        # One layer fewer, or the same layers reading positions from 2 on: the same inputs and outputs.
+        change = {"position_offset": 2} if damage.startswith("a forged") else {"num_hidden_layers": 1}
+        other = other_graph(eager, tmp_path / "other", **change)
+        if damage == "another model's graph":
+            entry.write_bytes(other)
+        else:
+            entry.unlink()
+            forged(other, key, cache)
+    model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    assert exports.count(key) == 2  # once at first, once again to repair
+    (repaired,) = cache.glob("encoder-*.onnx")
+    assert repaired.read_bytes() == graph
+    input_ids, mask = padded_batch([6, 10])
+    calls = Calls(model)
+    with torch.inference_mode():
         assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()],
-                     expected[mask.bool()])
-        assert calls.count == 1 and len(set(cache.glob("*.onnx")) - graphs) == 2
-        with pytest.warns(UserWarning, match="use_onnx_runtime"):
-            copied(input_ids=input_ids, attention_mask=mask)
+                     eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()])
+    assert calls.count == 1
 
 
-def test_cached_graph_is_reused_without_exporting(base, monkeypatch):
+def test_cached_graph_is_reused_without_exporting(base, exports):
     _, runtime, _, cache = base
     before = sorted(cache.iterdir())
-
-    def no_export(*args, **kwargs):
-        raise AssertionError("exported again although the graph was cached")
-
-    monkeypatch.setattr("hf_vanilla.conversion.onnx_export.export_encoder", no_export)  # what the runtime imports
-    monkeypatch.setattr("onnxruntime.transformers.optimizer.optimize_model", no_export)
     use_onnx_runtime(runtime, cache_dir=cache)
-    assert sorted(cache.iterdir()) == before  # nothing written, no temporary file left
+    assert not exports and sorted(cache.iterdir()) == before  # nothing written, no temporary file left
 
 
-def test_the_faster_graph_is_kept(base, monkeypatch):
-    """fuse="auto" times the plain and the BERT-optimized graph against each other and keeps the faster: the one
-    `_speedup` (t_plain / t_fused) says, measured for real here, then forced each way. Both answer alike."""
-    _, _, eager, cache = base
-    input_ids, mask = padded_batch([7, 12])
+def test_the_cache_folder_comes_from_the_call_then_the_environment(base, tmp_path, monkeypatch, exports):
+    _, _, eager, _ = base
+    monkeypatch.setenv(engine.CACHE_ENV, str(tmp_path / "from-env"))
+    use_onnx_runtime(copy.deepcopy(eager))
+    use_onnx_runtime(copy.deepcopy(eager), cache_dir=tmp_path / "given")
+    assert [len(list((tmp_path / name).glob("encoder-*.onnx"))) for name in ("from-env", "given")] == [1, 1]
+
+
+@pytest.mark.parametrize("where", ["cache_dir", "home"])
+def test_a_cache_that_cannot_be_written_warns_once_and_still_runs(base, tmp_path, monkeypatch, exports, where,
+                                                                 minilm_path, tmp_path_factory):
+    """A folder below a file cannot be made, even by root (which a read-only mode would not stop)."""
+    _, _, eager, _ = base
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    if where == "cache_dir":
+        model = copy.deepcopy(eager)
+        with pytest.warns(UserWarning) as caught:
+            use_onnx_runtime(model, cache_dir=blocked / "cache")
+    else:  # from_pretrained with no cache_dir, no environment variable, and a home folder it cannot write in
+        for name in (engine.CACHE_ENV, "XDG_CACHE_HOME"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(blocked))
+        with pytest.warns(UserWarning) as caught:
+            model = AutoModel.from_pretrained(converted(tmp_path_factory, minilm_path, "base")[1],
+                                              runtime="onnxruntime")
+    messages = [str(w.message) for w in caught if "cache" in str(w.message)]
+    assert len(messages) == 1 and "cannot be written" in messages[0] and engine.CACHE_ENV in messages[0]
+    assert "\n" not in messages[0]
+    input_ids, mask = padded_batch([6, 10])
+    calls = Calls(model)
     with torch.inference_mode():
-        expected = eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
-    model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
-    runner = model._onnx_runner
-    assert runner.fused_speedup > 0 and runner.graph == ("fused" if runner.fused_speedup > 1 else "plain")
-    for speedup, graph in ((2.0, "fused"), (0.5, "plain")):
-        monkeypatch.setattr(runtime_onnx, "_speedup", lambda plain, fused, feeds, speedup=speedup: speedup)
-        use_onnx_runtime(model, cache_dir=cache)
-        runner = model._onnx_runner
-        assert runner.graph == graph and runner.path.name.endswith(f"-{graph}.onnx")
-        calls = Calls(model)
-        with torch.inference_mode():
-            assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
-        assert calls.count == 1
-    for fuse, graph in ((True, "fused"), (False, "plain")):  # no measurement
-        monkeypatch.setattr(runtime_onnx, "_speedup", None)
-        assert use_onnx_runtime(model, cache_dir=cache, fuse=fuse)._onnx_runner.graph == graph
-    with pytest.raises(ValueError, match="fuse='yes'"):
-        use_onnx_runtime(model, cache_dir=cache, fuse="yes")
+        assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()],
+                     eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()])
+    assert calls.count == 1
 
 
-def test_a_model_without_an_encoder_is_refused():
-    with pytest.raises(ValueError, match="no vanilla encoder"):
-        use_onnx_runtime(torch.nn.Linear(2, 2))
+def test_leftovers_of_dead_exports_are_removed(base, tmp_path, exports):
+    _, _, eager, _ = base
+    host = socket.gethostname()
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    old = time.time() - 2 * engine.STALE_SECONDS
+    entries = {
+        f".export-{host}-{finished.pid}-0123abcd.onnx": False,  # its process is gone
+        f".export-{host}-{os.getpid()}-0123abcd.onnx": True,  # a live process's write
+        ".export-k3j4h5g6": True,  # an older version's export folder, recent: maybe still being written
+        ".export-q8w7e6r5": False,  # the same, two days old
+    }
+    for name in entries:
+        path = tmp_path / name
+        if name.endswith(".onnx"):
+            path.write_bytes(b"partial")
+        else:
+            path.mkdir()
+            (path / "model.onnx").write_bytes(b"partial")
+    os.utime(tmp_path / ".export-q8w7e6r5", (old, old))
+    use_onnx_runtime(copy.deepcopy(eager), cache_dir=tmp_path)
+    assert {name for name in entries if (tmp_path / name).exists()} == {n for n, kept in entries.items() if kept}
+
+
+def test_export_prints_nothing(base, tmp_path, capfd):
+    """The BERT optimizer of onnxruntime.transformers printed `failed in shape inference <class 'TypeError'>` (its
+    symbolic shape inference cannot follow the attention mask's ops) and fused nothing ONNX Runtime's own session
+    optimizer does not: it is no longer run."""
+    _, _, eager, _ = base
+    use_onnx_runtime(copy.deepcopy(eager), cache_dir=tmp_path)
+    captured = capfd.readouterr()
+    assert captured.out == "" and "shape inference" not in captured.err
+
+
+# ---- the registry, and where the engines sit -------------------------------------------------------------------
+
+
+def test_registry_errors_are_one_line(tmp_path_factory, minilm_path, monkeypatch, tmp_path):
+    _, vanilla_dir = converted(tmp_path_factory, minilm_path, "base")
+    with pytest.raises(ValueError, match=r"Unknown runtime 'tensorrt': pass one of \['onnxruntime'\]"):
+        AutoModel.from_pretrained(vanilla_dir, runtime="tensorrt")
+    monkeypatch.setattr(runtime_registry, "_RUNTIMES", dict(runtime_registry._RUNTIMES))
+    (tmp_path / "engine_with_extra.py").write_text("import onnxruntime_absent\n")  # an engine, its extra missing
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "onnxruntime_absent", None)  # its import raises ModuleNotFoundError
+    runtime_registry.register_runtime("needs-an-extra", "engine_with_extra:apply", install="pip install x")
+    # What a checkpoint's own copy of the registry meets where hf_vanilla is not installed:
+    runtime_registry.register_runtime("not-installed", "hf_vanilla.runtimes.absent:apply", install="pip install y")
+    model = AutoModel.from_pretrained(vanilla_dir)
+    for name, message in (("needs-an-extra", "needs onnxruntime_absent, which is not installed: pip install x."),
+                          ("not-installed", "comes with the hf_vanilla package, which is not installed here: "
+                                            "pip install y.")):
+        with pytest.raises(ImportError) as caught:
+            runtime_registry.apply_runtime(model, name)
+        assert str(caught.value) == f"runtime={name!r} {message}"
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module a file imports, by statement or by name in a string ("module" or "module:function")."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base
+                                                                                                    else []))
+            names.update([base] + [f"{base}.{alias.name}" for alias in node.names])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("hf_vanilla."):
+            names.add(node.value.partition(":")[0])
+    return names
+
+
+def test_engines_sit_beside_the_model():
+    """The model finds its engines through the registry and never imports one; the engines receive the model and
+    never import its code; the registry, which travels with remote-code checkpoints, imports the standard library
+    only and names the engines it loads on request."""
+    model_code = {"hf_vanilla.modeling_vanilla", "hf_vanilla.configuration_vanilla"}
+    for path in [*(PACKAGE / "runtimes").glob("*.py"), PACKAGE / "export.py"]:
+        assert not imported_names(path) & model_code, path
+        assert not any(name.startswith("hf_vanilla.conversion") for name in imported_names(path)), path
+    registry = imported_names(PACKAGE / "runtime_registry.py")
+    assert {name for name in registry if not name.startswith("hf_vanilla.")} <= set(sys.stdlib_module_names)
+    assert {name for name in registry if name.startswith("hf_vanilla.")} == {"hf_vanilla.runtimes.onnxruntime"}
+    modeling = imported_names(PACKAGE / "modeling_vanilla.py")
+    assert "hf_vanilla.runtime_registry" in modeling and not any("runtimes" in name for name in modeling)
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])
@@ -273,7 +574,12 @@ def test_length_groups_cover_every_row_once(lengths):
     for group, length in groups:
         assert length == max(lengths[r] for r in group)
     # Never worse than one call on the whole padded batch, by the cost it minimises.
-    cost = sum(runtime_onnx.CALL_COST_TOKENS + len(g) * n for g, n in groups)
-    assert cost <= runtime_onnx.CALL_COST_TOKENS + len(lengths) * max(lengths)
+    cost = sum(engine.CALL_COST_TOKENS + len(g) * n for g, n in groups)
+    assert cost <= engine.CALL_COST_TOKENS + len(lengths) * max(lengths)
     if len(set(lengths)) == 1:
         assert len(groups) == 1
+
+
+def test_a_model_without_an_encoder_is_refused():
+    with pytest.raises(ValueError, match="no vanilla encoder"):
+        use_onnx_runtime(torch.nn.Linear(2, 2))

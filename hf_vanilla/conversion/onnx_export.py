@@ -1,47 +1,27 @@
 """`python -m conversion onnx --source VANILLA_DIR --output OUT_DIR [--task TASK]`: a vanilla checkpoint -> ONNX.
 
-Exported with `torch.onnx.export(..., dynamo=True)` (torch.export in non-strict mode, then translated to ONNX), with
-dynamic batch and sequence axes (`torch.export.Dim`). The tokenizer is written next to the graphs, and the graphs are
-checked with ONNX Runtime on a padded batch of another shape than the one traced: the max |difference| against the
-PyTorch model is printed, and anything over the tolerance (1e-4) is an error (exit status 2, nothing written).
+The command's front: which model and outputs a checkpoint exports as, the checks, the output folder. The graphs
+themselves come from hf_vanilla/export.py (`torch.onnx.export(..., dynamo=True)`, dynamic batch and sequence axes,
+the signatures of both graph kinds). The tokenizer is written next to the graphs, and the graphs are checked with
+ONNX Runtime on a padded batch of another shape than the one traced: the max |difference| against the PyTorch model
+is printed, and anything over the tolerance (1e-4) is an error (exit status 2, nothing written).
 
-Under export the model takes its padded path with a static additive mask (see `_is_tracing()` in
-modeling_vanilla.py): the packed fast path and the input value checks branch on data, which a graph cannot.
-
-Encoder tasks export one graph, `model.onnx`:
-    inputs   input_ids, attention_mask (B, T) [, token_type_ids (B, T)], named as the tokenizer names them
-    outputs  feature-extraction     last_hidden_state (B, T, E)
-             fill-mask              logits (B, T, V)
-             text-classification    logits (B, num_labels)
-             token-classification   logits (B, T, num_labels)
-             question-answering     start_logits, end_logits (B, T)
-Positions that are padding hold values without meaning (PyTorch's packed path writes zeros there).
-
-`--task seq2seq` exports the encoder-decoder as two graphs:
-    encoder_model.onnx   input_ids, attention_mask (B, S) [, token_type_ids] -> last_hidden_state (B, S, E)
-    decoder_model.onnx   one decoding step:
-        inputs   input_ids (B, 1)                          the newest target token
-                 encoder_hidden_states (B, S, E), encoder_attention_mask (B, S)
-                 past_key_values.{i}.key, .value (B, H, P, D)   layer i's self-attention cache; P = 0 at the start
-        outputs  logits (B, 1, V)
-                 present.{i}.key, .value (B, H, P + 1, D)      the cache for the next step
-
-Design of the decoder step: only the self-attention keys and values, which grow by one position per step, travel
-in and out of the graph. Cross-attention keys and values are recomputed inside every step from
-`encoder_hidden_states`. That costs 2 projections of the S source states per layer and step (small next to the
-rest for short outputs), and buys one graph for every step, the first included (P = 0), with no separate
-first-step graph and no control flow. `examples/onnx_greedy_decode.py` drives the pair.
+Encoder tasks export one graph, `model.onnx`, with the task's outputs:
+    feature-extraction     last_hidden_state (B, T, E)
+    fill-mask              logits (B, T, V)
+    text-classification    logits (B, num_labels)
+    token-classification   logits (B, T, num_labels)
+    question-answering     start_logits, end_logits (B, T)
+`--task seq2seq` exports the encoder-decoder as two graphs: `encoder_model.onnx` (last_hidden_state (B, S, E)) and
+`decoder_model.onnx` (one decoding step, the self-attention cache in and out).
 """
 
 import importlib
-import logging
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
 from .common import (
     TOKENIZER_FILES,
     ConversionError,
@@ -77,60 +57,7 @@ ARCHITECTURE_TASKS = {
 SEQ2SEQ_STEPS = 4  # decoding steps checked against PyTorch
 
 
-# ---- graph signatures -------------------------------------------------------------------------------------------
-
-
-class EncoderGraph(nn.Module):
-    """Tensors in, a tuple of named outputs out: the signature an ONNX graph has.
-
-    `model` is a `VanillaEncoder*` model, or the encoder stack of an encoder-decoder (which returns
-    `last_hidden_state`)."""
-
-    def __init__(self, model, output_names: tuple[str, ...]):
-        super().__init__()
-        self.model = model
-        self.output_names = output_names
-
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        return tuple(getattr(out, name) for name in self.output_names)
-
-
-class DecoderStepGraph(nn.Module):
-    """One decoding step of a `VanillaSeq2SeqForConditionalGeneration` with the cache as plain tensors.
-
-    The model reads its cache from an `EncoderDecoderCache`; this builds one from the past tensors (self-attention)
-    and an empty cross-attention cache, which the step fills from `encoder_hidden_states` and then drops.
-
-    past_key_values: (key_0, value_0, key_1, value_1, ...), each (B, H, P, D).
-    Returns: logits (B, 1, V) and the grown cache (key_0, value_0, ...), each (B, H, P + 1, D).
-    """
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        self.num_layers = model.config.decoder_layers
-
-    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past_key_values):
-        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-        from transformers.modeling_outputs import BaseModelOutput
-
-        pairs = [(past_key_values[2 * i], past_key_values[2 * i + 1]) for i in range(self.num_layers)]
-        cache = EncoderDecoderCache(DynamicCache(ddp_cache_data=pairs), DynamicCache())
-        out = self.model(
-            decoder_input_ids=input_ids, attention_mask=encoder_attention_mask,
-            encoder_outputs=BaseModelOutput(last_hidden_state=encoder_hidden_states),
-            past_key_values=cache, use_cache=True, return_dict=True,
-        )
-        present = out.past_key_values.self_attention_cache.layers
-        return (out.logits, *(t for layer in present for t in (layer.keys, layer.values)))
-
-
-def past_names(num_layers: int, prefix: str = "past_key_values") -> list[str]:
-    return [f"{prefix}.{i}.{kind}" for i in range(num_layers) for kind in ("key", "value")]
-
-
-# ---- export -----------------------------------------------------------------------------------------------------
+# ---- inputs -----------------------------------------------------------------------------------------------------
 
 
 def encoder_input_names(config, source_dir: Path | None = None) -> list[str]:
@@ -154,61 +81,6 @@ def sample_inputs(config, input_names: list[str], batch_size: int, length: int, 
     if "token_type_ids" in input_names and "token_type_ids" not in batch:
         batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
     return {name: batch[name] for name in input_names}
-
-
-@contextmanager
-def _quiet_exporter():
-    """Silence the exporter's notes that say nothing about this model: torchvision ops it skips, and one rename
-    warning per input that shares a `Dim` with another (sharing is the point: every input has the same batch)."""
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used")
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-def export_encoder(model, path: Path, input_names: list[str], output_names: tuple[str, ...]) -> None:
-    """A `VanillaEncoder*` model (or an encoder stack) -> one ONNX graph, dynamic in batch and sequence."""
-    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
-    example = sample_inputs(model.config, input_names, batch_size=2, length=16, seed=1)
-    with _quiet_exporter():
-        program = torch.onnx.export(
-            EncoderGraph(model, output_names).eval(), (), kwargs=example, dynamo=True,
-            input_names=input_names, output_names=list(output_names),
-            dynamic_shapes={name: {0: batch, 1: sequence} for name in input_names}, verbose=False,
-        )
-    program.save(str(path))
-
-
-def export_decoder_step(model, path: Path) -> None:
-    """The decoder of a `VanillaSeq2SeqForConditionalGeneration` -> one ONNX graph of one decoding step."""
-    config = model.config
-    heads, width = config.decoder_attention_heads, config.hidden_size
-    layers = config.decoder_layers
-    batch, source = torch.export.Dim("batch"), torch.export.Dim("encoder_sequence")
-    past = torch.export.Dim("past_sequence", min=0)  # 0 on the first step
-    B, S, P = 2, 7, 3  # example sizes: distinct, and above 1 so that none is specialised to a constant
-    example = (
-        torch.full((B, 1), config.decoder_start_token_id),
-        torch.randn(B, S, width),
-        torch.tensor([[1] * S, [1] * (S - 2) + [0] * 2]),
-        tuple(torch.randn(B, heads, P, width // heads) for _ in range(2 * layers)),
-    )
-    dynamic_shapes = ({0: batch}, {0: batch, 1: source}, {0: batch, 1: source},
-                      tuple({0: batch, 2: past} for _ in range(2 * layers)))
-    with _quiet_exporter():
-        program = torch.onnx.export(
-            DecoderStepGraph(model).eval(), example, dynamo=True,
-            input_names=["input_ids", "encoder_hidden_states", "encoder_attention_mask", *past_names(layers)],
-            output_names=["logits", *past_names(layers, "present")],
-            dynamic_shapes=dynamic_shapes, verbose=False,
-        )
-    program.save(str(path))
 
 
 # ---- verification with ONNX Runtime -----------------------------------------------------------------------------

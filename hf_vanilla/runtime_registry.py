@@ -1,0 +1,50 @@
+"""The engines `from_pretrained(path, runtime=NAME, runtime_options={...})` can put behind a loaded model, by name.
+
+As transformers' `from_pretrained(quantization_config=...)` finds its quantizer, the model finds its engine here and
+never imports one: an engine is a function `apply(model, **options) -> model` that wraps the model's modules from
+beside it, through their public API, and lives in its own module (hf_vanilla/runtimes/ for the built-in ones).
+Each is named here as "module:function" and imported only when asked for, so that this file stays what the
+model files may import: it travels with every `trust_remote_code` checkpoint (transformers copies relative
+imports), and imports nothing but the standard library. Where hf_vanilla is not installed (a checkpoint's own copy
+of the code), the built-in names give an error that says so.
+
+    from hf_vanilla.runtime_registry import register_runtime
+    register_runtime("my-engine", "my_package.engine:apply", install="pip install my-package")
+"""
+
+import importlib
+
+_ONNX_EXTRA = 'pip install "hf_vanilla[onnx]"'
+
+# name -> (the "module:function" that applies it, how to install what it imports)
+_RUNTIMES = {
+    "onnxruntime": ("hf_vanilla.runtimes.onnxruntime:use_onnx_runtime", _ONNX_EXTRA),
+}
+
+
+def register_runtime(name: str, apply: str, install: str) -> None:
+    """Make `runtime=name` call `apply` ("module:function", imported when first asked for) with the model and the
+    `runtime_options`. `install` is the command that installs what the module imports, quoted in the error when
+    that is missing."""
+    module, _, function = apply.partition(":")
+    if not module or not function:
+        raise ValueError(f"register_runtime({name!r}, {apply!r}): name the function as 'module:function'.")
+    _RUNTIMES[name] = (apply, install)
+
+
+def apply_runtime(model, name: str, **options):
+    """`model` with the engine `name` behind it (what `from_pretrained(runtime=name)` returns)."""
+    if name not in _RUNTIMES:
+        raise ValueError(f"Unknown runtime {name!r}: pass one of {sorted(_RUNTIMES)}, leave it out for PyTorch, or "
+                         f"register yours with hf_vanilla.runtime_registry.register_runtime.")
+    target, install = _RUNTIMES[name]
+    module_name, _, function = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not (module_name + ".").startswith(error.name + "."):
+            raise ImportError(f"runtime={name!r} needs {error.name}, which is not installed: {install}.") from error
+        # The engine's own module is missing: this model's code came from its checkpoint (trust_remote_code).
+        raise ImportError(f"runtime={name!r} comes with the {module_name.split('.')[0]} package, which is not "
+                          f"installed here: {install}.") from error
+    return getattr(module, function)(model, **options)
