@@ -8,6 +8,7 @@ tokenizer or model card: less than any real converter does.
 Prints each process's wall time (interpreter start included) and its split into imports and read-rename-write.
 """
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,9 @@ print(f"imports: torch + safetensors {t1 - t0:.2f} s, PretrainedConfig {t2 - t1:
 """
 
 
-def main():
+def main(argv=None):
+    # No options; parsing makes --help (or an unknown argument) stop before any work.
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     from transformers import BertConfig, BertModel
 
     with tempfile.TemporaryDirectory() as scratch:

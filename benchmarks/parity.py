@@ -14,6 +14,7 @@ size of float32 rounding, which any other order of summation (a different kernel
 Exits with status 1 on any failure.
 """
 
+import argparse
 import copy
 import sys
 from pathlib import Path
@@ -78,7 +79,9 @@ def compare(name, bert, ours, bert64, attn):
     return ok, worst
 
 
-def main():
+def main(argv=None):
+    # No options; parsing makes --help (or an unknown argument) stop before any work.
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     models = {"bert-12": BertModel(BertConfig(hidden_size=128, num_attention_heads=4, intermediate_size=512))}

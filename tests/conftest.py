@@ -11,6 +11,7 @@ import socket
 
 import pytest
 import torch
+import transformers
 
 if os.environ.get("HF_VANILLA_HUB") != "1":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the default suite may reach the Hub
@@ -20,12 +21,14 @@ if os.environ.get("HF_VANILLA_ONEDNN") == "0":
 
 
 def pytest_report_header(config):
-    """The kernels this run uses, so that a log says which variant produced it."""
+    """The versions and kernels this run uses, so that a log says which transformers and which kernel variant
+    produced it (tests/oldest_transformers.py, tests/kernel_variants.py)."""
     knobs = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
                                                  "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS") if name in os.environ}
-    return (f"kernels: ATen {torch.backends.cpu.get_cpu_capability()}, oneDNN "
+    return [f"transformers {transformers.__version__}, torch {torch.__version__}",
+            f"kernels: ATen {torch.backends.cpu.get_cpu_capability()}, oneDNN "
             f"{'on' if torch.backends.mkldnn.enabled else 'off'}, {torch.get_num_threads()} threads"
-            + "".join(f", {name}={value}" for name, value in knobs.items()))
+            + "".join(f", {name}={value}" for name, value in knobs.items())]
 
 
 @pytest.fixture(scope="session")

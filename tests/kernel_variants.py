@@ -68,20 +68,24 @@ def run(name: str, env_changes: dict, pytest_args: list[str]) -> dict:
         start = time.perf_counter()
         status = subprocess.run(command, cwd=ROOT, env=env).returncode
         seconds = time.perf_counter() - start
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        if report.exists():
-            suite = ElementTree.parse(report).getroot()
-            suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-            counts = {key: int(suite.get(key, 0)) for key in counts}
+        counts = junit_counts(report)
         worst = defaultdict(float)  # test -> largest |diff| / tolerance it saw
         if margins.exists():
             for line in margins.read_text().splitlines():
                 entry = json.loads(line)
                 worst[entry["test"]] = max(worst[entry["test"]], entry["ratio"])
+    return {"name": name, "status": status, **counts, "seconds": seconds, "worst": dict(worst)}
+
+
+def junit_counts(report: Path) -> dict:
+    """{"passed", "failed", "skipped"} from a pytest --junit-xml report; all 0 when pytest wrote none."""
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    if report.exists():
+        suite = ElementTree.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        counts = {key: int(suite.get(key, 0)) for key in counts}
     failed = counts["failures"] + counts["errors"]
-    passed = counts["tests"] - failed - counts["skipped"]
-    return {"name": name, "status": status, "passed": passed, "failed": failed, "skipped": counts["skipped"],
-            "seconds": seconds, "worst": dict(worst)}
+    return {"passed": counts["tests"] - failed - counts["skipped"], "failed": failed, "skipped": counts["skipped"]}
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ and the `hf-vanilla` console command; `--help` answers without importing torch o
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -117,11 +118,19 @@ def test_wheel_installs_one_top_level_package_and_the_command(wheel):
 
 
 def test_installed_command(wheel, tmp_path):
-    """In a virtual environment that sees the system's torch and transformers, the wheel's copy of hf_vanilla
-    (not the repository's) runs `hf-vanilla`: help without torch, and a real conversion."""
+    """In a new virtual environment that sees this interpreter's torch and transformers, the wheel's copy of
+    hf_vanilla (not the repository's) runs `hf-vanilla`: help without torch, and a real conversion."""
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True)  # no pip of its own (slow to set up): this pip installs into it
+    venv.create(env_dir)  # no pip of its own (slow to set up): this pip installs into it
     python = env_dir / "bin" / "python"
+    site_packages = env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    # The packages this test runs with, wherever they are: `system_site_packages=True` would instead show the base
+    # interpreter's, which has no torch when the tests run in a virtual environment. A .pth file adds each folder
+    # after the new environment's own site-packages, where the wheel goes, and runs no .pth file found in them (so
+    # not the editable install's, which points at the repository).
+    (site_packages / "running_interpreter.pth").write_text(
+        "".join(f"{folder}\n" for folder in site.getsitepackages() + [site.getusersitepackages()]
+                if folder in sys.path))
     installing = run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel)
     assert installing.returncode == 0, installing.stderr
     outside = tmp_path / "elsewhere"  # not the repository: its folders must not shadow the installed package
@@ -133,8 +142,7 @@ def test_installed_command(wheel, tmp_path):
                               env=clean | {"HF_HUB_OFFLINE": "1"}, timeout=600)
 
     where = installed(python, "-c", "import hf_vanilla.conversion as c; print(c.__file__)")
-    assert where.stdout.strip() == str(env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-                                       / "site-packages" / "hf_vanilla" / "conversion" / "__init__.py"), where.stderr
+    assert where.stdout.strip() == str(site_packages / "hf_vanilla" / "conversion" / "__init__.py"), where.stderr
     command = env_dir / "bin" / "hf-vanilla"
     shown = installed(command, "--help")
     assert shown.returncode == 0 and shown.stdout.startswith("usage: hf-vanilla [-h] FORMAT")

@@ -25,6 +25,7 @@ from hf_vanilla.conversion.cli import main
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
 from hf_vanilla.transformer import additive_mask
 
+pytestmark = pytest.mark.parity
 SENTENCE_PAIRS = [
     ("A man is playing a guitar.", "Someone is playing an instrument on a stage in front of a large crowd."),
     ("The weather is lovely today.", "It is sunny."),

@@ -27,6 +27,7 @@ from hf_vanilla import (
 )
 from numerics import assert_close
 
+pytestmark = pytest.mark.generation
 PAD, BOS, EOS, V = 0, 1, 2, 60
 SIZES = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

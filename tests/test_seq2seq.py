@@ -24,7 +24,7 @@ PAD, BOS, EOS = 0, 1, 2  # BOS is also the decoder start token
 DIGIT = 3  # digit d is token d + 3
 VOCAB = DIGIT + 10
 ATTENTION = ["eager", "sdpa"]
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.generation]
 # Invariance claims (causality, padding, the cache) are exact in float64, where they are checked at its 1e-12; in
 # float32 another shape sums in another order, so they hold at the float32 rule (tests/numerics.py).
 DTYPES = pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

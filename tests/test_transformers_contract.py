@@ -41,6 +41,7 @@ GenerationTesterMixin = modeling_common.GenerationTesterMixin
 ConfigTester = configuration_common.ConfigTester
 ids_tensor = modeling_common.ids_tensor
 random_attention_mask = modeling_common.random_attention_mask
+pytestmark = pytest.mark.parity
 
 # (test class, test name) -> the work item whose absence makes it fail, as a strict xfail: delete a line when it
 # XPASSes. Empty: the six failures it listed (attention maps under sdpa, heads building a pooler they never read)
