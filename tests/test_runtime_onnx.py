@@ -37,7 +37,7 @@ from transformers import (  # noqa: E402
 )
 
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
-from hf_vanilla.conversion.seq2seq import marian_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla import runtime_onnx  # noqa: E402
 from hf_vanilla.runtime_onnx import length_groups, remove_onnx_runtime, use_onnx_runtime  # noqa: E402
 

@@ -103,7 +103,6 @@ FORMAT = EncoderFormat(
     mislabelled={"ForMaskedLM": ("pretraining", "cls.seq_relationship.weight")},
     decoder_hint="convert an encoder-decoder with the bert2bert sub-command, or warm-start one from an encoder with "
                  "`warm-start`.",
-    relative_tolerance=True,
 )
 
 # The format's machinery under the names benchmarks/ and tests/ call it by.

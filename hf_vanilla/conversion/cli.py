@@ -89,18 +89,18 @@ def _seq2seq_commands(subparsers) -> None:
     parser.add_argument("--decoder-start-token-id", type=int, default=None,
                         help="first decoder token; default the tokenizer's [CLS]")
     parser.add_argument("--eos-token-id", type=int, default=None, help="end of a target; default the tokenizer's [SEP]")
-    parser.set_defaults(run=lambda a: _converter("seq2seq").convert_warm_start(
+    parser.set_defaults(run=lambda a: _converter("bert2bert").convert_warm_start(
         a.source, a.output, a.dtype, a.force, a.verify, a.seed, a.decoder_start_token_id, a.eos_token_id, a.command))
 
     parser = subparsers.add_parser("bert2bert",
                                    help="a transformers EncoderDecoderModel (BERT encoder + BERT decoder) -> vanilla")
     common(parser, "Hub id or local EncoderDecoderModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("seq2seq").convert_bert2bert(a.source, a.output, a.dtype, a.force,
+    parser.set_defaults(run=lambda a: _converter("bert2bert").convert_bert2bert(a.source, a.output, a.dtype, a.force,
                                                                               a.verify, a.command))
 
     parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
     common(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("seq2seq").convert_marian(a.source, a.output, a.dtype, a.force,
+    parser.set_defaults(run=lambda a: _converter("marian").convert_marian(a.source, a.output, a.dtype, a.force,
                                                                            a.verify, a.command))
 
     parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "

@@ -20,14 +20,9 @@ from hf_vanilla import (
 
 from .errors import ConversionError
 from .output import atomic_output
+from .parity import PRECISION_NAMES, check, require_parity, rule
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-PRECISION_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-# A model saved in half precision is verified in it, against transformers' float32 model, by the test suite's rule
-# (tests/numerics.py): every output within this fraction of max(1, |output|). Each op rounds to 11 (float16) or 8
-# (bfloat16) significant bits and a dozen layers compound it (the real MiniLM: 0.09 and 0.14 of these limits); a
-# wrong weight, or an output beyond the dtype's range (Inf, then NaN), is off by the magnitude itself.
-HALF_PRECISION_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 # Files copied next to converted weights when the source has them: tokenizers of every family we read, and the
 # sentence-transformers configuration (pooling, normalisation, max_seq_length), which would otherwise silently change.
@@ -532,28 +527,6 @@ def max_differences(reference: tuple, ours: tuple, mask: torch.Tensor | None) ->
     return diffs
 
 
-def require_parity(ok: bool, parity: str) -> None:
-    """End a conversion whose verification failed, before anything is written; otherwise say it passed."""
-    if not ok:
-        raise ConversionError(f"Parity check failed: {parity.rstrip('.')}. Nothing was written.")
-    print(f"  OK: {parity}")
-
-
-def report(name: str, diffs: list[float], tolerance: float | list[float]) -> bool:
-    """Print one line per layer; True when each is within `tolerance` (one for all, or one per layer)."""
-    limits = tolerance if isinstance(tolerance, list) else [tolerance] * len(diffs)
-    for i, (diff, limit) in enumerate(zip(diffs, limits, strict=True)):
-        label = "embeddings" if i == 0 else f"layer {i}"
-        print(f"  {name} {label:>10}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
-    return all(diff <= limit for diff, limit in zip(diffs, limits))
-
-
-def limits(references, tolerance: float, relative: bool) -> list[float]:
-    """The largest |difference| allowed from each of the `references`: `tolerance`, or with `relative`, `tolerance`
-    times max(1, max |reference|) (rounding grows with the magnitude of what is computed)."""
-    return [tolerance * max(1.0, ref.abs().max().item()) if relative else tolerance for ref in references]
-
-
 def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
     """Random ids, right-padded rows of different lengths, two segments when the model has token types."""
     generator = torch.Generator().manual_seed(seed)
@@ -568,18 +541,10 @@ def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int 
     return batch
 
 
-def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -> tuple[bool, str]:
-    """Feed both models `verification_batch`; print the max |diff| of every layer's hidden states and of the head's
-    outputs (pooler_output, logits, start/end logits), at real tokens only (padding positions carry no meaning).
-
-    A float32 `model`: hidden states and the pooler (a tanh) are within `tolerance`; other head outputs within 5x
-    `tolerance`, or, with `relative`, within `tolerance` times their magnitude: BERT's logits over a 30k vocabulary
-    reach tens, and float32 keeps about 7 significant digits of them. A `model` in half precision (saved with
-    --dtype float16 or bfloat16): every output within its dtype's `HALF_PRECISION_TOLERANCE` times its magnitude.
-    Returns (all within tolerance, a one-line summary)."""
-    half = model.dtype in HALF_PRECISION_TOLERANCE
-    if half:
-        tolerance, relative = HALF_PRECISION_TOLERANCE[model.dtype], True
+def compare(reference, model) -> tuple[bool, str]:
+    """Feed both models `verification_batch`; check every layer's hidden states and the head's outputs
+    (pooler_output, logits, start/end logits) by the parity rule (`parity.check`) for `model`'s dtype, at real tokens
+    only (padding positions carry no meaning). Returns (all within the rule, a one-line summary)."""
     batch = verification_batch(model.config)
     mask = batch["attention_mask"]
     if type(model).__name__.endswith("ForMultipleChoice"):  # one question, whose choices are the batch's rows
@@ -587,28 +552,19 @@ def compare(reference, model, tolerance: float = 1e-5, relative: bool = False) -
     with torch.no_grad():
         ref_out = reference(**batch, output_hidden_states=True)
         our_out = model(**batch, output_hidden_states=True)
-    diffs = max_differences(ref_out.hidden_states, our_out.hidden_states, mask)
-    ok = report("hidden states", diffs, limits(ref_out.hidden_states, tolerance, half))
-    summary = [f"hidden states (every layer) {max(diffs):.1e}"]
+    ok, worst = check("hidden states", ref_out.hidden_states, our_out.hidden_states, mask, model.dtype)
+    summary = [f"hidden states (every layer) {worst:.1e}"]
     for name in ("pooler_output", "logits", "prediction_logits", "seq_relationship_logits", "start_logits",
                  "end_logits"):
         ref, ours = getattr(ref_out, name, None), getattr(our_out, name, None)
         if ref is None or ours is None:  # a base model without a pooler, or an output this head has not
             continue
-        per_token = ours.shape[:2] == mask.shape
-        diff = max_differences((ref,), (ours,), mask if per_token else None)[0]
-        if relative:
-            limit = limits((ref,), tolerance, relative=True)[0]
-        else:
-            limit = tolerance if name == "pooler_output" else tolerance * 5
-        print(f"  {name}: max |diff| = {diff:.3e}{'' if diff <= limit else '  > tolerance'}")
-        ok = ok and diff <= limit
+        within, diff = check(name, ref, ours, mask, model.dtype)
+        ok = ok and within
         summary.append(f"{name} {diff:.1e}")
-    heads = f"{tolerance:g} x max(1, |output|)" if relative else f"{tolerance * 5:g}"
-    rule = (f"tolerance {heads} for every layer and head output" if half else
-            f"tolerances {tolerance:g} per layer, {heads} for head outputs")
     return ok, (f"max |diff| against {type(reference).__name__}: " + ", ".join(summary) +
-                f" ({PRECISION_NAMES[model.dtype]}, eager attention, right-padded batch; {rule}).")
+                f" ({PRECISION_NAMES[model.dtype]}, eager attention, right-padded batch; {rule(model.dtype)} for "
+                f"every layer and head output).")
 
 
 def write_source_format(output: str, force: bool, source_dir: Path, model, verify=None) -> Path:
@@ -714,8 +670,6 @@ class EncoderFormat:
             model), which `--head auto` converts so that nothing it holds is thrown away.
         decoder_hint: the way out named when a decoder (cross-attention, or a causal stack where no head is
             causal) is refused.
-        relative_tolerance: compare head outputs within the tolerance times their magnitude (BERT's MLM logits over
-            a 30k vocabulary reach tens) rather than within 5x the tolerance (`compare`).
         limitations: appended to the converted model card's parity section.
     """
 
@@ -731,7 +685,6 @@ class EncoderFormat:
     task_modules: tuple = ()
     mislabelled: dict = field(default_factory=dict)
     decoder_hint: str = "only encoders convert."
-    relative_tolerance: bool = False
     limitations: str = ""
 
     # ---- names and tables ----
@@ -842,17 +795,16 @@ class EncoderFormat:
         model.config.architectures = [spec.model_class.__name__]
         return model
 
-    def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str, tolerance: float = 1e-5):
-        """transformers' model (loaded from the source's `tensors`) and ours on a right-padded batch: every layer's
-        hidden states within `tolerance`, head outputs as `relative_tolerance` says (`compare`). Returns
-        (ok, summary)."""
+    def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str):
+        """transformers' model (loaded from the source's `tensors`) and ours on a right-padded batch, every layer's
+        hidden states and every head output by the parity rule (`compare`). Returns (ok, summary)."""
         reference_class = self.source_class(model_type, head)
         print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
         # A causal head follows ours: BertLMHeadModel masks its self-attention to the past only when told to.
         overrides = {"is_decoder": True} if self.heads[head].causal else {}
         config = reference_class.config_class.from_pretrained(source_dir, **overrides)
         reference = reference_model(reference_class, tensors, source_dir, config=config)
-        return compare(reference, model, tolerance, relative=self.relative_tolerance)
+        return compare(reference, model)
 
     def convert(self, source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
                 verify_parity: bool = True, command: str | None = None) -> Path:
@@ -948,7 +900,7 @@ class EncoderFormat:
                   f"{PRECISION_NAMES[model.dtype]}):")
             reference = reference_model(spec.model_class, tensors, source_dir)
             written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=model.dtype)
-            return compare(reference, written.eval(), relative=self.relative_tolerance)
+            return compare(reference, written.eval())
 
         return write_source_format(output, force, source_dir, model, verify if verify_parity else None)
 
