@@ -22,8 +22,8 @@ from hf_vanilla.conversion import roberta
 from hf_vanilla.conversion.cli import ENCODER_FORMATS, build_parser, main
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "roberta", "to-roberta", "distilbert",
-                "to-distilbert", "electra", "to-electra", "onnx"]
+SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "to-marian", "roberta", "to-roberta",
+                "distilbert", "to-distilbert", "electra", "to-electra", "onnx"]
 
 # Runs a module as `python -m` would, then reports whether torch or transformers got imported.
 HELP_IMPORTS = """

@@ -3,8 +3,8 @@
 BART (Lewis et al., 2020, https://arxiv.org/abs/1910.13461) is the paper's encoder-decoder with BERT's habits: GELU,
 learned positions (numbered from 2, after fairseq's padding index), and a LayerNorm on the summed embeddings.
 `python -m conversion bart` maps each BART class into its vanilla counterpart; `to-bart` maps it back. Both read one
-key table (fairseq's layer table, which Marian shares: seq2seq.py, plus its embeddings), the reverse right to left, so the round
-trip returns every tensor bit for bit.
+key table (fairseq's layer table, which Marian shares: seq2seq.py, plus its embeddings), the reverse right to left, so
+the round trip returns every tensor bit for bit.
 """
 
 from pathlib import Path

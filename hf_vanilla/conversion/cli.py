@@ -103,6 +103,14 @@ def _seq2seq_commands(subparsers) -> None:
     parser.set_defaults(run=lambda a: _converter("marian").convert_marian(a.source, a.output, a.dtype, a.force,
                                                                            a.verify, a.command))
 
+    parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a transformers "
+                                                     "MarianMTModel")
+    _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip loading the written MarianMTModel with transformers and comparing it with the "
+                             "source")
+    parser.set_defaults(run=lambda a: _converter("marian").to_marian(a.source, a.output, a.force, a.verify))
+
     parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "
                                                 "its vanilla counterpart")
     common(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")

@@ -1,8 +1,9 @@
 """Marian (OPUS-MT) <-> the vanilla encoder-decoder.
 
-`python -m conversion marian` maps a transformers `MarianMTModel` into `VanillaSeq2SeqForConditionalGeneration`.
-Marian is the paper's model with three choices of its own: swish, sinusoids stored sines-then-cosines
-("concatenated"), and a final logits bias (our output projection's bias). Its layers carry fairseq's names, as BART's
+`python -m conversion marian` maps a transformers `MarianMTModel` into `VanillaSeq2SeqForConditionalGeneration`;
+`python -m conversion to-marian` maps it back. Both read one key table (`marian_table`, the reverse right to left),
+so the round trip returns every tensor bit for bit. Marian is the paper's model with three choices of its own:
+swish, sinusoids stored sines-then-cosines ("concatenated"), and a final logits bias (our output projection's bias). Its layers carry fairseq's names, as BART's
 do (seq2seq.py holds that table).
 """
 
@@ -10,7 +11,15 @@ from pathlib import Path
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
-from .common import build_model, load_tensors, map_tensors, read_source, write_conversion
+from .common import (
+    build_model,
+    load_tensors,
+    map_tensors,
+    read_source,
+    reference_model,
+    write_conversion,
+    write_source_format,
+)
 from .errors import ConversionError
 from .seq2seq import (
     fairseq_config,
@@ -19,6 +28,7 @@ from .seq2seq import (
     generation_ids,
     save_seq2seq,
     verifier,
+    verify_seq2seq,
     with_generation_config,
 )
 
@@ -92,3 +102,100 @@ def convert_marian(source: str, output: str, dtype: str = "float32", force: bool
         command=command or f"hf-vanilla marian --source {source} --output {output}",
         dtype=dtype,
     )
+
+
+# ---- vanilla -> Marian ----------------------------------------------------------------------------------------------
+
+
+def marian_config_for(config: VanillaSeq2SeqConfig):
+    """Ours -> MarianConfig, refusing what Marian cannot express (it would silently compute something else), every
+    such field named at once."""
+    from transformers import MarianConfig
+
+    refusals = [f"{field}={getattr(config, field)!r} (Marian needs {value!r})" for field, value in (
+        ("position_embedding_type", "sinusoidal"), ("sinusoidal_layout", "concatenated"), ("position_offset", 0),
+        ("embedding_layer_norm", False), ("pre_norm", False), ("type_vocab_size", 0), ("lm_head_transform", False),
+        ("layer_norm_eps", 1e-5), ("embedding_size", config.hidden_size),
+    ) if getattr(config, field) != value]
+    if refusals:  # every field at once, so that one look says whether the model has a Marian form at all
+        raise ConversionError(f"This model cannot be expressed as Marian: {'; '.join(refusals)}. to-marian converts "
+                              f"models converted from Marian (python -m conversion marian) and models of its shape.")
+    return MarianConfig(
+        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.hidden_size,
+        encoder_layers=config.num_hidden_layers, decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.num_attention_heads, decoder_attention_heads=config.decoder_attention_heads,
+        encoder_ffn_dim=config.intermediate_size, decoder_ffn_dim=config.decoder_intermediate_size,
+        activation_function=config.hidden_act, dropout=config.hidden_dropout_prob,
+        attention_dropout=config.attention_probs_dropout_prob, max_position_embeddings=config.max_position_embeddings,
+        init_std=config.initializer_range, scale_embedding=config.scale_embeddings, pad_token_id=config.pad_token_id,
+        eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+        share_encoder_decoder_embeddings=config.share_encoder_decoder_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings, architectures=["MarianMTModel"],
+    )
+
+
+def vanilla_to_marian(tensors: dict, config: VanillaSeq2SeqConfig):
+    """Our tensors -> a `MarianMTModel` holding them: the layers through `marian_table` inverted, the embeddings,
+    output projection and its bias as `fairseq_embeddings` reads them, and the position tables Marian keeps as
+    weights made as Marian makes them (`create_weight`): ours computes the same sinusoids, which the forward
+    conversion checks, but in another order of operations, and the round trip is to return Marian's own bits."""
+    from transformers import MarianMTModel
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    marian_config = marian_config_for(config)
+    inverse = {ours: marian for marian, ours in marian_table(config).items()}
+    tensors = dict(tensors)
+    encoder = tensors.pop("model.encoder.embeddings.word_embeddings.weight", None)
+    decoder = tensors.pop("model.decoder.embeddings.word_embeddings.weight", encoder)  # absent when shared
+    output = tensors.pop("lm_head.decoder.weight", None)  # absent when tied
+    bias = tensors.pop("lm_head.decoder.bias", None)
+    if encoder is None or bias is None:
+        raise ConversionError("The checkpoint has no token embeddings or no output bias "
+                              "(model.encoder.embeddings.word_embeddings, lm_head.decoder.bias): it is damaged. "
+                              "Save the model again.")
+    mapped, unknown = map_tensors(tensors, inverse, {})
+    if config.share_encoder_decoder_embeddings:
+        mapped["model.shared.weight"] = encoder
+    else:
+        mapped["model.encoder.embed_tokens.weight"] = encoder
+        mapped["model.decoder.embed_tokens.weight"] = decoder
+    if output is not None:
+        mapped["lm_head.weight"] = output
+    mapped["final_logits_bias"] = bias[None]  # Marian stores it (1, V)
+    table = MarianSinusoidalPositionalEmbedding(config.max_position_embeddings, config.hidden_size).create_weight()
+    for stack in ("encoder", "decoder"):
+        mapped[f"model.{stack}.embed_positions.weight"] = table
+    return build_model(MarianMTModel, marian_config, mapped, unknown)
+
+
+def to_marian(source: str, output: str, force: bool = False, verify_parity: bool = True) -> Path:
+    """A vanilla encoder-decoder converted from Marian -> a transformers `MarianMTModel` folder (weights, config,
+    the generation config, the tokenizer files). Unless `verify_parity` is False, the written folder is loaded with
+    transformers alone and compared with the vanilla source: every output by the parity rule, and the tokens of
+    greedy and beam-search `generate()`."""
+    from transformers import GenerationConfig, MarianMTModel
+
+    source_dir, _ = read_source(source, (VanillaSeq2SeqConfig.model_type,), "to-marian")
+    try:
+        config = VanillaSeq2SeqConfig.from_pretrained(source_dir)
+        config.check_architecture()
+    except ValueError as error:
+        raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder-decoder config: "
+                              f"{error}") from None
+    ours = (config.architectures or [VanillaSeq2SeqForConditionalGeneration.__name__])[0]
+    if ours != VanillaSeq2SeqForConditionalGeneration.__name__:
+        raise ConversionError(f"{source_dir} is a {ours!r}; to-marian converts "
+                              f"{VanillaSeq2SeqForConditionalGeneration.__name__} (Marian has no other head).")
+    tensors = load_tensors(source_dir)
+    marian = vanilla_to_marian(tensors, config)
+    if (source_dir / "generation_config.json").is_file():  # bad_words_ids, num_beams...: what generate does
+        marian.generation_config = GenerationConfig.from_pretrained(source_dir)
+
+    def verify(staging):
+        print("Verifying the written MarianMTModel against the vanilla source (padded batches):")
+        reference = reference_model(VanillaSeq2SeqForConditionalGeneration, tensors, source_dir)
+        written = MarianMTModel.from_pretrained(staging, attn_implementation="eager")
+        return verify_seq2seq(written.eval(), reference)
+
+    return write_source_format(output, force, source_dir, marian, verify if verify_parity else None)
