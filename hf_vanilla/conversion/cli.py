@@ -17,24 +17,21 @@ import os
 import shlex
 import sys
 
+from ..heads import converter_heads
 from .errors import report_failure
 
 DTYPES = ("float32", "float16", "bfloat16")
 ONNX_TASKS = ("feature-extraction", "fill-mask", "text-classification", "token-classification", "question-answering",
               "seq2seq")
 
-# BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion).
-# tests/test_cli.py checks these against the converters' own tables.
+# BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion). The
+# heads are read from hf_vanilla/heads.py (import-free), which each format module is checked against on import.
+# tests/test_cli.py checks the model types against the converters' own tables.
 ENCODER_FORMATS = {
-    "bert": ("BERT", ("base", "masked-lm", "causal-lm", "pretraining", "next-sentence-prediction",
-                      "multiple-choice", "sequence-classification", "token-classification", "question-answering"),
-             ("bert",)),
-    "roberta": ("RoBERTa", ("base", "masked-lm", "token-classification", "question-answering"),
-                ("roberta", "xlm-roberta")),
-    "distilbert": ("DistilBERT", ("base", "masked-lm", "token-classification", "question-answering"),
-                   ("distilbert",)),
-    "electra": ("ELECTRA", ("base", "replaced-token-detection", "masked-lm", "token-classification",
-                            "question-answering"), ("electra",)),
+    "bert": ("BERT", converter_heads("bert"), ("bert",)),
+    "roberta": ("RoBERTa", converter_heads("roberta"), ("roberta", "xlm-roberta")),
+    "distilbert": ("DistilBERT", converter_heads("distilbert"), ("distilbert",)),
+    "electra": ("ELECTRA", converter_heads("electra"), ("electra",)),
 }
 
 

@@ -18,6 +18,7 @@ from hf_vanilla import (
     VanillaEncoderModel,
 )
 
+from ..heads import class_for_head, converter_heads
 from .errors import ConversionError
 from .output import atomic_output
 from .parity import PRECISION_NAMES, check, require_parity, rule
@@ -686,6 +687,17 @@ class EncoderFormat:
     mislabelled: dict = field(default_factory=dict)
     decoder_hint: str = "only encoders convert."
     limitations: str = ""
+
+    def __post_init__(self):
+        """`heads` must be the heads hf_vanilla/heads.py declares for this format (what the command line offers),
+        each holding the class declared for it: a head added to one and not the other fails here, on import."""
+        declared = converter_heads(self.name)
+        wrong = [f"{head} -> {spec.model_class.__name__}" for head, spec in self.heads.items()
+                 if head in declared and spec.model_class.__name__ != class_for_head(head)]
+        if set(self.heads) != set(declared) or wrong:
+            raise TypeError(f"The {self.title} format's heads {sorted(self.heads)} are not those hf_vanilla/heads.py "
+                            f"declares for {self.name!r}, {sorted(declared)}, or hold another class ({wrong}): "
+                            f"declare each head once there, with its `formats`.")
 
     # ---- names and tables ----
 
