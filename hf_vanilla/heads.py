@@ -9,8 +9,8 @@ A row names the class (defined in `modeling_vanilla.py`) and:
 
 `modeling_vanilla.__all__`, the Auto registration, the converters' `--head` choices (the command line's listing, and
 the set each format module's heads table is checked against when it is imported) and the ONNX export tasks are read
-from here, so adding a head is this one row plus its class (and, for a converter, its key table). This module imports nothing: the command line reads it to
-list choices without loading torch.
+from here, so adding a head is this one row plus its class (and, for a converter, its key table). This module
+imports nothing: the command line reads it to list choices without loading torch.
 """
 
 from typing import NamedTuple

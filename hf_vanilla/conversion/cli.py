@@ -100,8 +100,8 @@ def _seq2seq_commands(subparsers) -> None:
     parser.set_defaults(run=lambda a: _converter("marian").convert_marian(a.source, a.output, a.dtype, a.force,
                                                                            a.verify, a.command))
 
-    parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a transformers "
-                                                     "MarianMTModel")
+    parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a "
+                                                     "transformers MarianMTModel")
     _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written MarianMTModel with transformers and comparing it with the "
