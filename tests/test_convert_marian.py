@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
-from hf_vanilla.conversion.cli import main as cli
-from hf_vanilla.conversion.common import ConversionError
 from hf_vanilla.conversion.bert2bert import convert_bert2bert, convert_warm_start
+from hf_vanilla.conversion.cli import main as cli
+from hf_vanilla.conversion.errors import ConversionError
 from hf_vanilla.conversion.marian import convert_marian, marian_config
 
 VOCAB, PAD, EOS = 320, 319, 0

@@ -23,16 +23,11 @@ from hf_vanilla import (
     VanillaSeq2SeqModel,
 )
 
-from .common import (
-    build_model,
-    load_tensors,
-    map_tensors,
-    read_source,
-    reference_model,
-    write_conversion,
-    write_source_format,
-)
+from .building import build_model
+from .common import load_tensors, read_source, write_conversion, write_source_format
 from .errors import ConversionError
+from .mapping import map_tensors
+from .parity import reference_model
 from .seq2seq import (
     fairseq_config,
     fairseq_embeddings,

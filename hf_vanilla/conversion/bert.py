@@ -24,7 +24,7 @@ from hf_vanilla import (
     VanillaEncoderForSequenceClassification,
 )
 
-from .common import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
+from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).
 ENCODER_TABLE = (

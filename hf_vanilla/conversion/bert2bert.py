@@ -20,23 +20,19 @@ from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGenerat
 
 from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
+from .building import build_model
 from .common import (
-    build_model,
-    expand_table,
     load_tensors,
-    map_tensors,
-    normalise_keys,
     read_config,
     read_source,
-    reference_model,
     require_model_type,
     resolve_source,
-    untie,
     verification_batch,
     write_conversion,
 )
 from .errors import ConversionError
-from .parity import check, rule
+from .mapping import expand_table, map_tensors, normalise_keys, untie
+from .parity import check, reference_model, rule
 from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
 
 # ---- BERT stacks ------------------------------------------------------------------------------------------------

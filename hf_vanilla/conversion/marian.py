@@ -3,24 +3,19 @@
 `python -m conversion marian` maps a transformers `MarianMTModel` into `VanillaSeq2SeqForConditionalGeneration`;
 `python -m conversion to-marian` maps it back. Both read one key table (`marian_table`, the reverse right to left),
 so the round trip returns every tensor bit for bit. Marian is the paper's model with three choices of its own:
-swish, sinusoids stored sines-then-cosines ("concatenated"), and a final logits bias (our output projection's bias). Its layers carry fairseq's names, as BART's
-do (seq2seq.py holds that table).
+swish, sinusoids stored sines-then-cosines ("concatenated"), and a final logits bias (our output projection's bias).
+Its layers carry fairseq's names, as BART's do (seq2seq.py holds that table).
 """
 
 from pathlib import Path
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
-from .common import (
-    build_model,
-    load_tensors,
-    map_tensors,
-    read_source,
-    reference_model,
-    write_conversion,
-    write_source_format,
-)
+from .building import build_model
+from .common import load_tensors, read_source, write_conversion, write_source_format
 from .errors import ConversionError
+from .mapping import map_tensors
+from .parity import reference_model
 from .seq2seq import (
     fairseq_config,
     fairseq_embeddings,

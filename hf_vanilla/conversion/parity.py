@@ -28,8 +28,11 @@ computation ran in (a model saved with --dtype float16 is compared, in float16, 
 Generated text is compared as tokens, equal or not (`compare_generation`), and only in float32: rounding in half
 precision may rightly swap two nearly tied tokens.
 
-Imports torch alone, so that anything (tests, the ONNX export) can hold its comparisons to the same rule.
+Imports torch alone (transformers only inside `reference_model`), so that anything (tests, the ONNX export) can hold
+its comparisons to the same rule.
 """
+
+from pathlib import Path
 
 import torch
 
@@ -69,6 +72,27 @@ def tolerance(expected, dtype: torch.dtype | None = None) -> float:
 def rule(dtype: torch.dtype) -> str:
     """The rule for `dtype`, as the converters' reports and model cards state it."""
     return f"tolerance {TOLERANCE[dtype]:g} x max(1, |output|)"
+
+
+def reference_model(model_class, tensors: dict, source_dir: Path | None = None, config=None):
+    """`model_class` as `model_class.from_pretrained(source_dir)` loads it (its config and generation config; eager
+    attention, float32, eval mode), but holding `tensors`, the weights the converter has already read.
+
+    transformers' own loader still places them (its key renames such as gamma -> weight, prefixes, tied weights), so
+    the reference owes nothing to our key tables; it only avoids a second copy of the weights (from_pretrained would
+    map the file again, and the process's memory would count both). The reference and our model therefore share the
+    tensors' storage: verification relies on conversion never writing into them. `config`, when given, is used
+    instead of the source's config.json (a reference built, not loaded)."""
+    from transformers import GenerationConfig
+
+    options = {}
+    if source_dir is not None and (source_dir / "generation_config.json").is_file():
+        options["generation_config"] = GenerationConfig.from_pretrained(source_dir)
+    config = config if config is not None else model_class.config_class.from_pretrained(source_dir)
+    # A shallow copy: the loader may rename keys in the dict it is given, and the converter reads this one again.
+    reference = model_class.from_pretrained(None, config=config, state_dict=dict(tensors),
+                                            attn_implementation="eager", dtype=torch.float32, **options)
+    return reference.eval()
 
 
 def check(name: str, expected, actual, mask: torch.Tensor | None, dtype: torch.dtype) -> tuple[bool, float]:
