@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `conversion` is a top-level folder of the repository, not an installed package
 
 from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
-from hf_vanilla.conversion.seq2seq import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
+from hf_vanilla.conversion.bert2bert import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = 1e-5  # fp32, at real tokens

@@ -55,7 +55,7 @@ import torch
 from transformers import BertConfig, BertModel, MarianConfig, MarianMTModel
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # `conversion` and tests/numerics.py
+sys.path[:0] = [str(HERE.parent)]  # `conversion`
 
 from benchmark import (  # noqa: E402
     GENERATION_SIZES,
@@ -67,11 +67,10 @@ from benchmark import (  # noqa: E402
     quartiles,
     uniform_lengths,
 )
-from numerics import tolerance  # noqa: E402
-
 from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.onnx_export import export_encoder  # noqa: E402
-from hf_vanilla.conversion.seq2seq import marian_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.parity import tolerance  # noqa: E402
 
 REFERENCE = "transformers"
 

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from benchmark import (  # noqa: E402  (the CPU benchmark's timing, models and batches, reused as they are)
     DTYPES,
     bert_base,
@@ -41,7 +40,8 @@ from benchmark import (  # noqa: E402  (the CPU benchmark's timing, models and b
     time_pair,
     uniform_lengths,
 )
-from numerics import tolerance  # noqa: E402
+
+from hf_vanilla.conversion.parity import tolerance  # noqa: E402
 
 
 def cases(batch):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from hf_vanilla.conversion import bert
-from hf_vanilla.conversion.common import ConversionError
+from hf_vanilla.conversion.errors import ConversionError
 
 # Optional packages the examples import, and the extra of hf_vanilla (pyproject.toml) that installs each.
 EXTRAS = {

@@ -5,10 +5,12 @@ A row names the class (defined in `modeling_vanilla.py`) and:
     auto_class ... the transformers Auto class that loads it (`auto.py` registers it; None: load it by its class)
     head ......... its name as a converter's `--head` choice (BERT-family formats), where a converter writes it
     export_task .. its `python -m conversion onnx --task`, where it exports
+    formats ...... the BERT-family converters that write it (`--head` is `head`), and whose `to-<format>` reads it
 
-`modeling_vanilla.__all__`, the Auto registration, the converters' heads and the ONNX export tasks are read from
-here, so adding a head is this one row plus its class. This module imports nothing: the command line reads it to
-list choices without loading torch.
+`modeling_vanilla.__all__`, the Auto registration, the converters' `--head` choices (the command line's listing, and
+the set each format module's heads table is checked against when it is imported) and the ONNX export tasks are read
+from here, so adding a head is this one row plus its class (and, for a converter, its key table). This module
+imports nothing: the command line reads it to list choices without loading torch.
 """
 
 from typing import NamedTuple
@@ -19,25 +21,29 @@ class Declared(NamedTuple):
     auto_class: str | None
     head: str | None = None
     export_task: str | None = None
+    formats: tuple[str, ...] = ()
 
 
 # Each mirrors transformers' BERT (encoder) and BART (encoder-decoder, and its decoder alone as a causal LM).
 # ELECTRA's discriminator has no Auto class of its own: AutoModelForPreTraining is BERT's pre-training model.
+ALL_FORMATS = ("bert", "roberta", "distilbert", "electra")
 MODELS = {
-    "VanillaEncoderModel": Declared("encoder", "AutoModel", "base", "feature-extraction"),
-    "VanillaEncoderForPreTraining": Declared("encoder", "AutoModelForPreTraining", "pretraining"),
-    "VanillaEncoderForMaskedLM": Declared("encoder", "AutoModelForMaskedLM", "masked-lm", "fill-mask"),
-    "VanillaEncoderForCausalLM": Declared("encoder", "AutoModelForCausalLM", "causal-lm"),
+    "VanillaEncoderModel": Declared("encoder", "AutoModel", "base", "feature-extraction", ALL_FORMATS),
+    "VanillaEncoderForPreTraining": Declared("encoder", "AutoModelForPreTraining", "pretraining", formats=("bert",)),
+    "VanillaEncoderForMaskedLM": Declared("encoder", "AutoModelForMaskedLM", "masked-lm", "fill-mask", ALL_FORMATS),
+    "VanillaEncoderForCausalLM": Declared("encoder", "AutoModelForCausalLM", "causal-lm", formats=("bert",)),
     "VanillaEncoderForNextSentencePrediction": Declared("encoder", "AutoModelForNextSentencePrediction",
-                                                        "next-sentence-prediction"),
+                                                        "next-sentence-prediction", formats=("bert",)),
     "VanillaEncoderForSequenceClassification": Declared("encoder", "AutoModelForSequenceClassification",
-                                                        "sequence-classification", "text-classification"),
-    "VanillaEncoderForMultipleChoice": Declared("encoder", "AutoModelForMultipleChoice", "multiple-choice"),
+                                                        "sequence-classification", "text-classification", ("bert",)),
+    "VanillaEncoderForMultipleChoice": Declared("encoder", "AutoModelForMultipleChoice", "multiple-choice",
+                                                formats=("bert",)),
     "VanillaEncoderForTokenClassification": Declared("encoder", "AutoModelForTokenClassification",
-                                                     "token-classification", "token-classification"),
+                                                     "token-classification", "token-classification", ALL_FORMATS),
     "VanillaEncoderForQuestionAnswering": Declared("encoder", "AutoModelForQuestionAnswering", "question-answering",
-                                                   "question-answering"),
-    "VanillaEncoderForReplacedTokenDetection": Declared("encoder", None, "replaced-token-detection"),
+                                                   "question-answering", ALL_FORMATS),
+    "VanillaEncoderForReplacedTokenDetection": Declared("encoder", None, "replaced-token-detection",
+                                                        formats=("electra",)),
     "VanillaSeq2SeqModel": Declared("seq2seq", "AutoModel"),
     "VanillaSeq2SeqForConditionalGeneration": Declared("seq2seq", "AutoModelForSeq2SeqLM", export_task="seq2seq"),
     "VanillaSeq2SeqForSequenceClassification": Declared("seq2seq", "AutoModelForSequenceClassification"),
@@ -52,9 +58,14 @@ def class_for_head(head: str) -> str:
     return next(name for name, declared in MODELS.items() if declared.head == head)
 
 
+def converter_heads(format: str) -> tuple[str, ...]:
+    """The `--head` choices of the BERT-family converter `format` ("roberta"), in this table's order."""
+    return tuple(declared.head for declared in MODELS.values() if format in declared.formats)
+
+
 def export_tasks() -> dict[str, str]:
     """Class name -> its ONNX export task, for the classes that export."""
     return {name: declared.export_task for name, declared in MODELS.items() if declared.export_task}
 
 
-__all__ = ["MODELS", "Declared", "class_for_head", "export_tasks"]
+__all__ = ["ALL_FORMATS", "MODELS", "Declared", "class_for_head", "converter_heads", "export_tasks"]

@@ -23,8 +23,8 @@ from hf_vanilla.conversion import roberta
 from hf_vanilla.conversion.cli import ENCODER_FORMATS, build_parser, main
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "roberta", "to-roberta", "distilbert",
-                "to-distilbert", "electra", "to-electra", "onnx"]
+SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "to-marian", "roberta", "to-roberta",
+                "distilbert", "to-distilbert", "electra", "to-electra", "onnx"]
 
 # Runs a module as `python -m` would, then reports whether torch or transformers got imported.
 HELP_IMPORTS = """
@@ -55,12 +55,27 @@ def test_every_sub_command_is_there(capsys):
 
 
 def test_head_and_model_type_choices_are_the_converters():
-    """The light parser names each format's heads without importing the converters: the same names they convert."""
+    """The light parser names each format's heads without importing the converters (from hf_vanilla/heads.py): the
+    same names they convert."""
     formats = {"bert": bert.FORMAT, "roberta": roberta.FORMAT,
                "distilbert": distilbert.FORMAT, "electra": electra.FORMAT}
     for name, (_, heads, model_types) in ENCODER_FORMATS.items():
-        assert list(heads) == list(formats[name].heads), name
+        assert set(heads) == set(formats[name].heads), name
         assert list(model_types) == list(formats[name].model_types), name
+
+
+def test_a_format_must_convert_the_heads_heads_py_declares():
+    """A head missing from a format module's table, or holding another class than heads.py declares for it, is
+    refused when the format is built: the command line would otherwise offer a head the converter lacks."""
+    from dataclasses import replace
+
+    heads = dict(roberta.FORMAT.heads)
+    del heads["question-answering"]
+    with pytest.raises(TypeError, match="not those hf_vanilla/heads.py declares for 'roberta'"):
+        replace(roberta.FORMAT, heads=heads)
+    heads = dict(roberta.FORMAT.heads, **{"question-answering": roberta.FORMAT.heads["token-classification"]})
+    with pytest.raises(TypeError, match="question-answering -> VanillaEncoderForTokenClassification"):
+        replace(roberta.FORMAT, heads=heads)
 
 
 def test_in_process_conversion(tmp_path, capsys):

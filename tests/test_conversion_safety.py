@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_vanilla.conversion import common
+from hf_vanilla.conversion import encoder_format
 from hf_vanilla.conversion.cli import main
 from hf_vanilla.conversion.output import MANIFEST, OWNER, not_ours
 from test_conversion_errors import tiny_bert_dir  # noqa: F401  (the tiny BERT fixture, shared)
@@ -145,13 +145,13 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
     """Even an empty folder (which `os.rename` would silently replace) that the user creates while the converter
     writes is left as it is, and the conversion fails."""
     output = workspace / "converted"
-    save = common.save_checkpoint
+    save = encoder_format.save_checkpoint
 
     def save_then_user_creates_output(model, directory, *args):
         save(model, directory, *args)
         output.mkdir()
 
-    monkeypatch.setattr(common, "save_checkpoint", save_then_user_creates_output)
+    monkeypatch.setattr(encoder_format, "save_checkpoint", save_then_user_creates_output)
     refused(capsys, ["bert", "--source", "models/bert", "--output", output, "--no-verify"],
             "appeared while this conversion ran")
     assert output.is_dir() and list(output.iterdir()) == []
@@ -188,7 +188,8 @@ sys.exit(main(sys.argv[5:]))
 """
 
 
-def start_paused(source, output, ready, go, *extra, at="hf_vanilla.conversion.common.save_checkpoint", when="after"):
+def start_paused(source, output, ready, go, *extra, at="hf_vanilla.conversion.encoder_format.save_checkpoint",
+                 when="after"):
     argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
     env = os.environ | {"PYTHONPATH": str(REPOSITORY), "HF_HUB_OFFLINE": "1"}
@@ -409,7 +410,7 @@ def read_only(model, directory, *args):
     (read_only, "out/model.safetensors: the file system is read-only: choose an --output on a writable disk"),
 ])
 def test_write_errors_are_clear(tiny_bert_dir, tmp_path, capsys, monkeypatch, fail, message):
-    monkeypatch.setattr(common, "save_checkpoint", fail)
+    monkeypatch.setattr(encoder_format, "save_checkpoint", fail)
     output = tmp_path / "new" / "out"
     err = refused(capsys, ["bert", "--source", tiny_bert_dir, "--output", output, "--no-verify"], message)
     assert ".partial-" not in err  # the message names the output the user chose, not the hidden staging folder
@@ -467,7 +468,7 @@ def test_a_bug_is_named_as_one(tiny_bert_dir, tmp_path, capsys, monkeypatch):
     def bug(*args):
         raise TypeError("something the converter got wrong")
 
-    monkeypatch.setattr(common.EncoderFormat, "to_vanilla", bug)
+    monkeypatch.setattr(encoder_format.EncoderFormat, "to_vanilla", bug)
     assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err == ("error: unexpected TypeError: something the converter got wrong. This is a bug in the converter: "

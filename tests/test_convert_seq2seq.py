@@ -23,9 +23,9 @@ from transformers import (
 )
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
+from hf_vanilla.conversion.bert2bert import convert_bert2bert, convert_warm_start
 from hf_vanilla.conversion.cli import main as cli
-from hf_vanilla.conversion.common import ConversionError
-from hf_vanilla.conversion.seq2seq import convert_bert2bert, convert_warm_start
+from hf_vanilla.conversion.errors import ConversionError
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SENTENCES = [

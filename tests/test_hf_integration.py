@@ -15,11 +15,12 @@ import textwrap
 import pytest
 import torch
 from hf_references import converted, single_thread  # noqa: F401  (fixture)
-from numerics import TOLERANCE, assert_close
+from numerics import assert_close
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
 from hf_vanilla import VanillaEncoderForMaskedLM, VanillaEncoderModel
+from hf_vanilla.conversion.parity import TOLERANCE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 HEAD_KINDS = ("masked-lm", "sentiment", "ner", "qa")

@@ -3,8 +3,8 @@
 BART (Lewis et al., 2020, https://arxiv.org/abs/1910.13461) is the paper's encoder-decoder with BERT's habits: GELU,
 learned positions (numbered from 2, after fairseq's padding index), and a LayerNorm on the summed embeddings.
 `python -m conversion bart` maps each BART class into its vanilla counterpart; `to-bart` maps it back. Both read one
-key table (Marian's layer table, which BART shares, plus its embeddings), the reverse right to left, so the round
-trip returns every tensor bit for bit.
+key table (fairseq's layer table, which Marian shares: seq2seq.py, plus its embeddings), the reverse right to left, so
+the round trip returns every tensor bit for bit.
 """
 
 from pathlib import Path
@@ -23,28 +23,17 @@ from hf_vanilla import (
     VanillaSeq2SeqModel,
 )
 
-from .common import (
-    HALF_PRECISION_TOLERANCE,
-    PRECISION_NAMES,
-    ConversionError,
-    build_model,
-    expand_table,
-    load_tensors,
-    map_tensors,
-    read_source,
-    reference_model,
-    write_conversion,
-    write_source_format,
-)
+from .building import build_model
+from .common import load_tensors, read_source, write_conversion, write_source_format
+from .errors import ConversionError
+from .mapping import map_tensors
+from .parity import reference_model
 from .seq2seq import (
-    MARIAN_CROSS_ATTENTION_TABLE,
-    MARIAN_LAYER_TABLE,
-    compare_generation,
     fairseq_config,
+    fairseq_embeddings,
+    fairseq_layers,
     generation_ids,
-    marian_embeddings,
     save_seq2seq,
-    source_batch,
     verify_seq2seq,
     with_generation_config,
 )
@@ -56,16 +45,18 @@ class Head(NamedTuple):
     ours: type  # our class
     table: tuple = ()  # BART module -> ours, outside the stacks
     stacks: tuple = ("encoder", "decoder")
+    decoder_inputs: bool = False  # called with a target (decoder_input_ids); the others read the shifted source
+    generates: bool = False  # verified by its `generate()` tokens too
 
 
 HEADS = {
-    "BartModel": Head(VanillaSeq2SeqModel),
-    "BartForConditionalGeneration": Head(VanillaSeq2SeqForConditionalGeneration),
+    "BartModel": Head(VanillaSeq2SeqModel, decoder_inputs=True),
+    "BartForConditionalGeneration": Head(VanillaSeq2SeqForConditionalGeneration, decoder_inputs=True, generates=True),
     "BartForSequenceClassification": Head(VanillaSeq2SeqForSequenceClassification, (
         ("classification_head.dense", "pooler"), ("classification_head.out_proj", "classifier"))),
     "BartForQuestionAnswering": Head(VanillaSeq2SeqForQuestionAnswering, (("qa_outputs", "qa_outputs"),)),
     # BART's decoder alone keeps cross-attention weights it never runs; ours is built without them.
-    "BartForCausalLM": Head(VanillaDecoderForCausalLM, stacks=("decoder",)),
+    "BartForCausalLM": Head(VanillaDecoderForCausalLM, stacks=("decoder",), generates=True),
 }
 
 
@@ -77,9 +68,8 @@ def key_table(config: VanillaSeq2SeqConfig, head: str) -> dict[str, str]:
         prefix = f"model.{stack}."
         table[prefix + "embed_positions"] = prefix + "embeddings.position_embeddings"
         table[prefix + "layernorm_embedding"] = prefix + "embeddings.norm"
-        layer_table = MARIAN_LAYER_TABLE + (MARIAN_CROSS_ATTENTION_TABLE if stack == "decoder" and cross_attention else [])
-        rows = [(f"{prefix}layers.{{i}}.{bart}", f"{prefix}layers.{{i}}.{ours}") for bart, ours in layer_table]
-        table.update(expand_table(rows, config.decoder_layers if stack == "decoder" else config.num_hidden_layers))
+        num_layers = config.decoder_layers if stack == "decoder" else config.num_hidden_layers
+        table.update(fairseq_layers(stack, num_layers, cross_attention=stack == "decoder" and cross_attention))
     return table
 
 
@@ -124,7 +114,7 @@ def token_embeddings(tensors: dict, config: VanillaSeq2SeqConfig, head: str) -> 
             raise ConversionError("BartForCausalLM's output projection must be its (tied) token embeddings.")
         return {"model.decoder.embeddings.word_embeddings.weight": embeddings,
                 "lm_head.decoder.bias": torch.zeros(config.vocab_size)}  # BART's output has no bias
-    mapped = marian_embeddings(tensors, config)  # the same shared/embed_tokens/lm_head/final_logits_bias layout
+    mapped = fairseq_embeddings(tensors, config)
     if head != "BartForConditionalGeneration":
         mapped = {k: v for k, v in mapped.items() if not k.startswith("lm_head.")}
     return mapped
@@ -202,45 +192,8 @@ def vanilla_to_bart(tensors: dict, config: VanillaSeq2SeqConfig, head: str):
 
 
 def verify_bart(reference, model, head: str) -> tuple[bool, str]:
-    """Every hidden state and head output of both models on a padded batch, relative to its magnitude (the suite's
-    rule: 1e-5 x max(1, |reference|) for a float32 `model`, `HALF_PRECISION_TOLERANCE` for one in half precision), at
-    real tokens; then greedy and beam `generate()` where it applies (in float32: see `verify_seq2seq`)."""
-    if head == "BartForConditionalGeneration":
-        return verify_seq2seq(reference, model, with_token_types=False)
-    half = HALF_PRECISION_TOLERANCE.get(model.dtype)
-    tolerance = half or 1e-5
-    config = model.config
-    inputs = source_batch(config)
-    if head == "BartModel":
-        target = source_batch(config, seed=1, length=9)
-        inputs |= {"decoder_input_ids": target["input_ids"], "decoder_attention_mask": target["attention_mask"]}
-    target_mask = inputs.get("decoder_attention_mask", inputs["attention_mask"])
-    model.eval()
-    with torch.no_grad():
-        ref_out = reference(**inputs, output_hidden_states=True)
-        our_out = model(**inputs, output_hidden_states=True)
-    ok, diffs = True, []
-    for name in ("encoder_hidden_states", "decoder_hidden_states", "hidden_states", "last_hidden_state", "logits",
-                 "start_logits", "end_logits"):
-        ref, ours = getattr(ref_out, name, None), getattr(our_out, name, None)
-        if ref is None or ours is None:
-            continue
-        # Decoder states line up with the target, which for the heads that read the shifted source is that source.
-        mask = inputs["attention_mask"] if name == "encoder_hidden_states" else target_mask
-        name_diffs = []
-        for r, o in zip(*((ref, ours) if isinstance(ref, tuple) else ((ref,), (ours,))), strict=True):
-            real = mask.bool() if r.shape[:2] == mask.shape else torch.ones(r.shape[:1], dtype=torch.bool)
-            diff = (r[real].float() - o[real].float()).abs().max().item()
-            ok &= diff <= tolerance * max(1.0, r[real].abs().max().item())
-            name_diffs.append(diff)
-        print(f"  {name}: max |diff| = {max(name_diffs):.3e}")
-        diffs += name_diffs
-    summary = (f"max |diff| {max(diffs):.1e} over every hidden state and output ({PRECISION_NAMES[model.dtype]}, "
-               f"padded batch, tolerance {tolerance:g} x max(1, |output|))")
-    if head == "BartForCausalLM" and not half:
-        same, generated = compare_generation(reference, model, inputs)
-        ok, summary = ok and same, f"{summary}; {generated}"
-    return ok, summary
+    """`verify_seq2seq` with what `head` is called with, and whether it generates."""
+    return verify_seq2seq(reference, model, decoder_inputs=HEADS[head].decoder_inputs, generation=HEADS[head].generates)
 
 
 def convert(source: str, output: str, dtype: str = "float32", force: bool = False, verify_parity: bool = True,

@@ -24,7 +24,7 @@ from hf_vanilla import (
     VanillaEncoderForSequenceClassification,
 )
 
-from .common import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
+from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).
 ENCODER_TABLE = (
@@ -103,7 +103,6 @@ FORMAT = EncoderFormat(
     mislabelled={"ForMaskedLM": ("pretraining", "cls.seq_relationship.weight")},
     decoder_hint="convert an encoder-decoder with the bert2bert sub-command, or warm-start one from an encoder with "
                  "`warm-start`.",
-    relative_tolerance=True,
 )
 
 # The format's machinery under the names benchmarks/ and tests/ call it by.

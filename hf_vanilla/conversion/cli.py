@@ -17,24 +17,21 @@ import os
 import shlex
 import sys
 
+from ..heads import converter_heads
 from .errors import report_failure
 
 DTYPES = ("float32", "float16", "bfloat16")
 ONNX_TASKS = ("feature-extraction", "fill-mask", "text-classification", "token-classification", "question-answering",
               "seq2seq")
 
-# BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion).
-# tests/test_cli.py checks these against the converters' own tables.
+# BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion). The
+# heads are read from hf_vanilla/heads.py (import-free), which each format module is checked against on import.
+# tests/test_cli.py checks the model types against the converters' own tables.
 ENCODER_FORMATS = {
-    "bert": ("BERT", ("base", "masked-lm", "causal-lm", "pretraining", "next-sentence-prediction",
-                      "multiple-choice", "sequence-classification", "token-classification", "question-answering"),
-             ("bert",)),
-    "roberta": ("RoBERTa", ("base", "masked-lm", "token-classification", "question-answering"),
-                ("roberta", "xlm-roberta")),
-    "distilbert": ("DistilBERT", ("base", "masked-lm", "token-classification", "question-answering"),
-                   ("distilbert",)),
-    "electra": ("ELECTRA", ("base", "replaced-token-detection", "masked-lm", "token-classification",
-                            "question-answering"), ("electra",)),
+    "bert": ("BERT", converter_heads("bert"), ("bert",)),
+    "roberta": ("RoBERTa", converter_heads("roberta"), ("roberta", "xlm-roberta")),
+    "distilbert": ("DistilBERT", converter_heads("distilbert"), ("distilbert",)),
+    "electra": ("ELECTRA", converter_heads("electra"), ("electra",)),
 }
 
 
@@ -89,19 +86,27 @@ def _seq2seq_commands(subparsers) -> None:
     parser.add_argument("--decoder-start-token-id", type=int, default=None,
                         help="first decoder token; default the tokenizer's [CLS]")
     parser.add_argument("--eos-token-id", type=int, default=None, help="end of a target; default the tokenizer's [SEP]")
-    parser.set_defaults(run=lambda a: _converter("seq2seq").convert_warm_start(
+    parser.set_defaults(run=lambda a: _converter("bert2bert").convert_warm_start(
         a.source, a.output, a.dtype, a.force, a.verify, a.seed, a.decoder_start_token_id, a.eos_token_id, a.command))
 
     parser = subparsers.add_parser("bert2bert",
                                    help="a transformers EncoderDecoderModel (BERT encoder + BERT decoder) -> vanilla")
     common(parser, "Hub id or local EncoderDecoderModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("seq2seq").convert_bert2bert(a.source, a.output, a.dtype, a.force,
+    parser.set_defaults(run=lambda a: _converter("bert2bert").convert_bert2bert(a.source, a.output, a.dtype, a.force,
                                                                               a.verify, a.command))
 
     parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
     common(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("seq2seq").convert_marian(a.source, a.output, a.dtype, a.force,
+    parser.set_defaults(run=lambda a: _converter("marian").convert_marian(a.source, a.output, a.dtype, a.force,
                                                                            a.verify, a.command))
+
+    parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a "
+                                                     "transformers MarianMTModel")
+    _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip loading the written MarianMTModel with transformers and comparing it with the "
+                             "source")
+    parser.set_defaults(run=lambda a: _converter("marian").to_marian(a.source, a.output, a.force, a.verify))
 
     parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "
                                                 "its vanilla counterpart")

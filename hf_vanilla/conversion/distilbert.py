@@ -18,7 +18,8 @@ without the extra training-time dropout `qa_dropout` (the outputs are the same).
 
 from hf_vanilla import VanillaEncoderConfig
 
-from .common import BASE_HEAD, TASK_HEADS, ConversionError, EncoderFormat, masked_lm_head
+from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head
+from .errors import ConversionError
 
 # DistilBERT module -> ours, within the base model.
 ENCODER_TABLE = (

@@ -22,14 +22,7 @@ from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForReplacedTokenDetec
 
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
-from .common import (
-    BASE_HEAD,
-    TASK_HEADS,
-    EncoderFormat,
-    EncoderHead,
-    masked_lm_head,
-    require_gelu_lm_head,
-)
+from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head, require_gelu_lm_head
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
 ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (

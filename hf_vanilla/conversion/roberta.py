@@ -23,7 +23,7 @@ refused; the encoder of such a checkpoint converts with `--head base`.
 from hf_vanilla import VanillaEncoderConfig
 
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .common import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
+from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
 
 HEADS = {
     "base": BASE_HEAD,

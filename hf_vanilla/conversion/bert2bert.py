@@ -1,0 +1,337 @@
+"""BERT encoder-decoders -> `VanillaSeq2SeqForConditionalGeneration`.
+
+Two sub-commands:
+    warm-start  one BERT checkpoint -> both stacks, cross-attention freshly initialised: the bert2bert of
+                Rothe et al. 2020 (https://arxiv.org/abs/1907.12461), as `EncoderDecoderModel.from_encoder_decoder_
+                pretrained(bert, bert)` builds it.
+    bert2bert   a transformers `EncoderDecoderModel` (BertModel encoder, BertLMHeadModel decoder with cross-attention).
+
+BERT layers map through `bert.ENCODER_TABLE`, used for both stacks; the decoder adds cross-attention. Every
+conversion is checked against the transformers model it came from (`seq2seq.verify_seq2seq`): every hidden state and
+the logits on a padded batch by the parity rule, and for trained models the token sequences of greedy and beam-search
+`generate()`.
+"""
+
+from pathlib import Path
+
+import torch
+
+from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
+
+from .bert import ENCODER_TABLE
+from .bert import FORMAT as BERT
+from .building import build_model
+from .common import (
+    load_tensors,
+    read_config,
+    read_source,
+    require_model_type,
+    resolve_source,
+    verification_batch,
+    write_conversion,
+)
+from .errors import ConversionError
+from .mapping import expand_table, map_tensors, normalise_keys, untie
+from .parity import check, reference_model, rule
+from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
+
+# ---- BERT stacks ------------------------------------------------------------------------------------------------
+
+# BERT's decoder layer (BertLMHeadModel with add_cross_attention) = an encoder layer + this, between self-attention
+# and the feed-forward network, which is our decoder layer's order too.
+CROSS_ATTENTION_TABLE = [
+    ("encoder.layer.{i}.crossattention.self.query", "encoder.layers.{i}.cross_attn.q_proj"),
+    ("encoder.layer.{i}.crossattention.self.key", "encoder.layers.{i}.cross_attn.k_proj"),
+    ("encoder.layer.{i}.crossattention.self.value", "encoder.layers.{i}.cross_attn.v_proj"),
+    ("encoder.layer.{i}.crossattention.output.dense", "encoder.layers.{i}.cross_attn.o_proj"),
+    ("encoder.layer.{i}.crossattention.output.LayerNorm", "encoder.layers.{i}.cross_attn_norm"),
+]
+
+# BertConfig fields our config takes as they are (`decoder_*` sizes come from the decoder's BertConfig).
+BERT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+    "layer_norm_eps", "initializer_range", "pad_token_id",
+)
+# Fields both stacks read from one value in our config: the two BERTs must agree on them.
+SHARED_BY_STACKS = ("vocab_size", "hidden_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
+                    "layer_norm_eps", "pad_token_id")
+
+
+def bert_stack_table(stack: str, num_layers: int, cross_attention: bool) -> dict[str, str]:
+    """BERT module (without `bert.`) -> our module inside `model.<stack>`; the pooler is not part of a stack."""
+    table = list(ENCODER_TABLE) + (CROSS_ATTENTION_TABLE if cross_attention else [])
+    return {bert: f"model.{stack}" + ours.removeprefix("encoder")
+            for bert, ours in expand_table(table, num_layers).items() if bert != "pooler.dense"}
+
+
+def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eos_token_id, bos_token_id,
+                        share_embeddings: bool) -> VanillaSeq2SeqConfig:
+    """Two BertConfig dicts -> our config: BERT's departures from the paper (learned positions, GELU, segments,
+    embedding LayerNorm, eps 1e-12, no embedding scale, the MLM transform before the output projection)."""
+    # encoder_config validates each BERT (absolute positions only) the way the encoder converter does; the decoder's
+    # is_decoder/add_cross_attention flags are what make it a decoder here, not a reason to refuse.
+    as_encoder = {k: v for k, v in decoder.items() if k not in ("is_decoder", "add_cross_attention")}
+    enc, dec = BERT.encoder_config(encoder, "base"), BERT.encoder_config(as_encoder, "base")
+    for field in SHARED_BY_STACKS:
+        if getattr(enc, field) != getattr(dec, field):
+            raise ConversionError(
+                f"The encoder and decoder BERTs differ in {field} "
+                f"({getattr(enc, field)!r} vs {getattr(dec, field)!r}); "
+                f"the vanilla encoder-decoder shares it between its stacks (a different hidden_size would also need "
+                f"transformers' enc_to_dec_proj, which it does not have)."
+            )
+    try:
+        config = VanillaSeq2SeqConfig(
+            **{k: getattr(enc, k) for k in BERT_FIELDS},
+            decoder_layers=dec.num_hidden_layers,
+            decoder_attention_heads=dec.num_attention_heads,
+            decoder_intermediate_size=dec.intermediate_size,
+            position_embedding_type="learned",
+            embedding_layer_norm=True,
+            scale_embeddings=False,
+            lm_head_transform=True,
+            share_encoder_decoder_embeddings=share_embeddings,
+            tie_word_embeddings=decoder.get("tie_word_embeddings", True),
+            decoder_start_token_id=decoder_start_token_id,
+            eos_token_id=eos_token_id,
+            bos_token_id=bos_token_id,
+            architectures=["VanillaSeq2SeqForConditionalGeneration"],
+        )
+        config.check_architecture()
+    except ValueError as error:
+        raise ConversionError(f"The source's configuration has no vanilla equivalent: {error}") from None
+    return config
+
+
+def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, tie_word_embeddings: bool):
+    """`EncoderDecoderModel(BertModel, BertLMHeadModel)` tensors -> our model, without copying them."""
+    encoder = normalise_keys({k.removeprefix("encoder."): v for k, v in tensors.items() if k.startswith("encoder.")},
+                             "bert.")
+    decoder = normalise_keys({k.removeprefix("decoder."): v for k, v in tensors.items() if k.startswith("decoder.")},
+                             "bert.")
+    others = [k for k in tensors if not k.startswith(("encoder.", "decoder."))]
+    if tie_word_embeddings:
+        try:
+            # checks the output weight is the decoder's embedding matrix, then drops it
+            untie(decoder, BERT.heads["masked-lm"].tied, "BERT", "")
+        except ConversionError:
+            raise ConversionError(
+                "The decoder's output weights differ from its word embeddings, although its config ties them "
+                "(tie_word_embeddings); set tie_word_embeddings to false in the source's decoder config to keep both."
+            ) from None
+    elif "cls.predictions.bias" in decoder:
+        decoder.pop("cls.predictions.decoder.bias", None)  # the same bias, stored twice
+    encoder_dropped = BERT.dropped_keys("base") | {
+        "pooler": "BERT's pooler (tanh over [CLS]): an encoder-decoder's decoder reads every encoder state, never it"
+    }
+    decoder_dropped = BERT.dropped_keys("masked-lm")
+    encoder_table = bert_stack_table("encoder", config.num_hidden_layers, cross_attention=False)
+    decoder_table = bert_stack_table("decoder", config.decoder_layers, cross_attention=True)
+    decoder_table.update(expand_table(list(BERT.heads["masked-lm"].table), 0))
+    if not tie_word_embeddings:
+        decoder_table["cls.predictions.decoder"] = "lm_head.decoder"  # untied: an output matrix of its own
+    mapped, unknown = map_tensors(encoder, encoder_table, encoder_dropped)
+    mapped_decoder, unknown_decoder = map_tensors(decoder, decoder_table, decoder_dropped)
+    mapped.update(mapped_decoder)
+    unknown = [f"encoder.{k}" for k in unknown] + [f"decoder.{k}" for k in unknown_decoder] + others
+    return build_model(VanillaSeq2SeqForConditionalGeneration, config, mapped, unknown)
+
+
+# ---- bert2bert ----------------------------------------------------------------------------------------------------
+
+
+def read_bert2bert_config(source_dir: Path) -> dict:
+    config = read_config(source_dir)
+    require_model_type(config, ("encoder-decoder",), "bert2bert", source_dir)
+    for side in ("encoder", "decoder"):
+        model_type = config.get(side, {}).get("model_type")
+        if model_type != "bert":
+            raise ConversionError(
+                f"{source_dir} is an encoder-decoder whose {side} is {model_type!r}; the bert2bert converter reads "
+                f"BERT encoders and BERT decoders only (model_type 'bert' on both sides)."
+            )
+    if not config["decoder"].get("add_cross_attention"):
+        raise ConversionError(f"{source_dir}: the decoder BERT has no cross-attention (add_cross_attention is false).")
+    return config
+
+
+def fill_tied_decoder(tensors: dict) -> list[str]:
+    """`tie_encoder_decoder=True` (transformers 4) shared every encoder module with the decoder, so checkpoints
+    may store each such tensor once, under `encoder.`. Give the decoder its own copy of what it lacks."""
+    filled = []
+    for key in [k for k in tensors if k.startswith("encoder.") and not k.startswith("encoder.pooler.")]:
+        twin = "decoder.bert." + key.removeprefix("encoder.")
+        if twin not in tensors:
+            tensors[twin] = tensors[key].clone()
+            filled.append(twin)
+    return filled
+
+
+def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: bool = False,
+                      verify_parity: bool = True, command: str | None = None) -> Path:
+    source_dir = resolve_source(source)
+    config = read_bert2bert_config(source_dir)
+    ids = generation_ids(source_dir, config)
+    tensors = load_tensors(source_dir)
+    tie_encoder_decoder = bool(config.get("tie_encoder_decoder", False))
+    filled = fill_tied_decoder(tensors) if tie_encoder_decoder else []
+    if filled:
+        print(f"tie_encoder_decoder: the decoder shares the encoder's weights; copied {len(filled)} tensors into it.")
+    vanilla = bert_seq2seq_config(config["encoder"], config["decoder"], ids["decoder_start_token_id"],
+                                  ids["eos_token_id"], ids["bos_token_id"],
+                                  # One shared matrix needs the output tied too; else equal copies serve as well.
+                                  share_embeddings=tie_encoder_decoder
+                                  and config["decoder"].get("tie_word_embeddings", True))
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: with_generation_config(
+            bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings), source_dir, ids),
+        # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
+        verify=verifier("EncoderDecoderModel", tensors, source_dir, with_token_types=True) if verify_parity else None,
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer"),
+        title=f"{Path(source).name} as a vanilla encoder-decoder",
+        command=command or f"hf-vanilla bert2bert --source {source} --output {output}",
+        dtype=dtype,
+    )
+
+
+# ---- warm-start -------------------------------------------------------------------------------------------------
+
+
+def fresh_cross_attention(hidden_size: int, num_layers: int, std: float, generator) -> dict:
+    """New cross-attention in BERT's names, initialised as BERT initialises new modules (and as
+    `from_encoder_decoder_pretrained` leaves them): weights ~ N(0, initializer_range), zero biases, unit LayerNorm."""
+    tensors = {}
+    for i in range(num_layers):
+        prefix = f"decoder.bert.encoder.layer.{i}.crossattention."
+        for name in ("self.query", "self.key", "self.value", "output.dense"):
+            tensors[f"{prefix}{name}.weight"] = torch.randn(hidden_size, hidden_size, generator=generator) * std
+            tensors[f"{prefix}{name}.bias"] = torch.zeros(hidden_size)
+        tensors[f"{prefix}output.LayerNorm.weight"] = torch.ones(hidden_size)
+        tensors[f"{prefix}output.LayerNorm.bias"] = torch.zeros(hidden_size)
+    return tensors
+
+
+def fresh_lm_head(hidden_size: int, vocab_size: int, std: float, generator) -> dict:
+    """BERT's MLM head, new: the transform initialised as above, the output bias zero (its weight is the tied
+    embedding matrix)."""
+    return {
+        "decoder.cls.predictions.transform.dense.weight":
+            torch.randn(hidden_size, hidden_size, generator=generator) * std,
+        "decoder.cls.predictions.transform.dense.bias": torch.zeros(hidden_size),
+        "decoder.cls.predictions.transform.LayerNorm.weight": torch.ones(hidden_size),
+        "decoder.cls.predictions.transform.LayerNorm.bias": torch.zeros(hidden_size),
+        "decoder.cls.predictions.bias": torch.zeros(vocab_size),
+    }
+
+
+def special_ids(source_dir: Path, decoder_start_token_id, eos_token_id) -> tuple[int, int]:
+    """[CLS] starts the target and [SEP] ends it, as in the published bert2bert models."""
+    if decoder_start_token_id is not None and eos_token_id is not None:
+        return decoder_start_token_id, eos_token_id
+    if not any((source_dir / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        # Without a vocabulary AutoTokenizer still builds a BERT tokenizer, of five special tokens: wrong ids.
+        raise ConversionError(
+            f"{source_dir} has no tokenizer (tokenizer.json or vocab.txt) to read [CLS] and [SEP] from; pass "
+            f"--decoder-start-token-id and --eos-token-id (101 and 102 for BERT's uncased vocabulary)."
+        )
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source_dir)
+        cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    except Exception as error:
+        raise ConversionError(
+            f"Could not read [CLS] and [SEP] from the tokenizer in {source_dir} ({type(error).__name__}: {error}); "
+            f"pass --decoder-start-token-id and --eos-token-id (101 and 102 for BERT's uncased vocabulary)."
+        ) from None
+    if cls is None or sep is None:
+        raise ConversionError(f"The tokenizer in {source_dir} has no [CLS]/[SEP]; pass --decoder-start-token-id "
+                              f"and --eos-token-id.")
+    return (decoder_start_token_id if decoder_start_token_id is not None else cls,
+            eos_token_id if eos_token_id is not None else sep)
+
+
+def warm_start_tensors(bert_tensors: dict, bert_config: dict, seed: int) -> tuple[dict, bool]:
+    """The tensors of the `EncoderDecoderModel` that `from_encoder_decoder_pretrained(bert, bert)` builds: BERT as
+    the encoder, an own copy of BERT as the decoder, new cross-attention, and the MLM head (new if BERT has none).
+    Returns them and whether the LM head came from the source."""
+    bert = normalise_keys(bert_tensors, "bert.")
+    if any(".crossattention." in k for k in bert):
+        raise ConversionError("The source BERT already has cross-attention: it is half of an encoder-decoder. "
+                              "Convert the whole model with the bert2bert sub-command.")
+    generator = torch.Generator().manual_seed(seed)
+    size, std = bert_config["hidden_size"], bert_config.get("initializer_range", 0.02)
+    tensors = {}
+    for key, tensor in bert.items():
+        if key.startswith("cls."):
+            tensors[f"decoder.{key}"] = tensor.clone()
+        elif not key.startswith("pooler."):  # BertLMHeadModel has no pooler; the encoder (BertModel) keeps it
+            tensors[f"encoder.{key}"] = tensor
+            tensors[f"decoder.bert.{key}"] = tensor.clone()  # the decoder holds its own copy
+        else:
+            tensors[f"encoder.{key}"] = tensor
+    tensors.update(fresh_cross_attention(size, bert_config["num_hidden_layers"], std, generator))
+    has_head = "decoder.cls.predictions.transform.dense.weight" in tensors
+    if not has_head:
+        tensors.update(fresh_lm_head(size, bert_config["vocab_size"], std, generator))
+    for key in [k for k in tensors if k.startswith("decoder.cls.seq_relationship.")]:
+        del tensors[key]  # next-sentence prediction: BertLMHeadModel has no such head
+    return tensors, has_head
+
+
+def convert_warm_start(source: str, output: str, dtype: str = "float32", force: bool = False,
+                       verify_parity: bool = True, seed: int = 0, decoder_start_token_id: int | None = None,
+                       eos_token_id: int | None = None, command: str | None = None) -> Path:
+    source_dir, bert_config = read_source(source, ("bert",), "warm-start")
+    start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
+    bert_tensors = load_tensors(source_dir)
+    tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
+    print("Decoder LM head: " + ("BERT's masked-LM head." if has_head else
+          "the source has no masked-LM head: transform freshly initialised, output bias zero, output weights tied to "
+          "the decoder's word embeddings."))
+    print(f"Cross-attention: freshly initialised (N(0, {bert_config.get('initializer_range', 0.02)}), seed {seed}).")
+    encoder_config = {k: v for k, v in bert_config.items() if k not in ("is_decoder", "add_cross_attention")}
+    decoder_config = encoder_config | {"is_decoder": True, "add_cross_attention": True}
+    pad = bert_config.get("pad_token_id", 0)
+    config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
+    ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
+    return write_conversion(
+        output, force, source, source_dir,
+        build=lambda: with_generation_config(
+            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids),
+        verify=(lambda model: verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config,
+                                                decoder_config, ids)) if verify_parity else None,
+        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer",
+                                                   copy_generation_config=False),
+        title=f"bert2bert warm-started from {Path(source).name}",
+        command=command or f"hf-vanilla warm-start --source {source} --output {output}",
+        notes="Cross-attention is freshly initialised: fine-tune before use.",
+        dtype=dtype,
+    )
+
+
+def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict, encoder_config: dict,
+                      decoder_config: dict, ids: dict) -> tuple[bool, str]:
+    """The encoder against transformers' BertModel (the source's `bert_tensors`) layer by layer, then the whole model
+    against the `EncoderDecoderModel` holding `tensors`, the same weights (the same fresh cross-attention): both by
+    the parity rule. Generation is not compared: an untrained cross-attention makes near ties, not a translation."""
+    from transformers import BertConfig, BertModel, EncoderDecoderConfig, EncoderDecoderModel
+
+    print("Verifying the encoder against transformers' BertModel (eager attention, padded batch):")
+    bert = reference_model(BertModel, bert_tensors, source_dir)
+    batch = verification_batch(model.config)
+    with torch.no_grad():
+        expected = bert(**batch, output_hidden_states=True).hidden_states
+        ours = model.model.encoder(**batch, output_hidden_states=True).hidden_states
+    encoder_ok, diff = check("encoder", expected, ours, batch["attention_mask"], model.dtype)
+    del bert
+
+    print("Verifying the whole model against transformers' bert2bert with the same weights:")
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig.from_dict(encoder_config), BertConfig.from_dict(decoder_config), **ids)
+    reference = reference_model(EncoderDecoderModel, tensors, config=config)
+    ok, summary = verify_seq2seq(reference, model, with_token_types=True, generation=False)
+    encoder = f"encoder hidden states max |diff| {diff:.2e} ({rule(model.dtype)})"
+    return encoder_ok and ok, f"{encoder}; {summary}"

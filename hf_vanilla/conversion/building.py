@@ -1,0 +1,65 @@
+"""Building the target: a model class instantiated on the meta device and given the mapped tensors without a copy,
+refused (every problem listed at once) unless every source tensor is mapped, every target tensor filled, and every
+shape and dtype fits."""
+
+import torch
+
+from .errors import ConversionError
+
+
+def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: list[str], source_name=None):
+    """Build `model_class(config)` on the meta device and give it `tensors` without copying them.
+
+    Strict: unknown source keys, missing target tensors (other than tied ones) and shape mismatches are all
+    errors listing the offending keys. `source_name` (target key -> the source key it is read from, or None), when
+    given, names the source tensor next to each target key in those messages."""
+    with torch.device("meta"):
+        model = model_class(config)
+    tied = set(model.get_expanded_tied_weights_keys(all_submodels=True))
+    targets = model.state_dict()  # on the meta device: shapes and dtypes, no memory
+    expected = {k: v.shape for k, v in targets.items()}
+
+    def named(key):
+        source = source_name(key) if source_name is not None else None
+        return f"{key} (from {source})" if source else key
+
+    missing = [named(k) for k in sorted(expected) if k not in tensors and k not in tied]
+    unexpected = sorted(k for k in tensors if k not in expected)
+    wrong_shape = [
+        f"{named(k)}: source {tuple(t.shape)} vs target {tuple(expected[k])}"
+        for k, t in tensors.items() if k in expected and t.shape != expected[k]
+    ]
+    wrong_dtype = [f"{named(k)}: {t.dtype}" for k, t in tensors.items()
+                   if k in targets and targets[k].is_floating_point() and not t.is_floating_point()]
+    problems = []
+    if unknown:
+        problems.append(f"source tensors with no mapping: {unknown}")
+    if missing:
+        problems.append(f"target tensors the source does not fill: {missing}")
+        stacks = ("encoder.", "decoder.", "model.encoder.", "model.decoder.")
+        if not any(key.startswith(stacks) for key in missing):  # only the head's own weights (its pooler too)
+            problems.append(f"the source has no trained {model_class.__name__} head: convert the encoder alone "
+                            f"(--head base) and fine-tune it (examples/finetune_classification.py), or start from "
+                            f"a checkpoint fine-tuned for this task")
+    if unexpected:
+        problems.append(f"mapped tensors the target does not have: {unexpected}")
+    if wrong_shape:
+        problems.append(f"shape mismatches: {wrong_shape}")
+    if wrong_dtype:
+        problems.append(f"weights of an integer or bool dtype (a model's weights are floating point: float32, "
+                        f"float16 or bfloat16; the checkpoint is damaged or not a model's weights): {wrong_dtype}")
+    if problems:
+        raise ConversionError("The checkpoint does not fit the target model:\n  " + "\n  ".join(problems))
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    _materialise_buffers(model)
+    return model.eval()
+
+
+def _materialise_buffers(model) -> None:
+    """Non-persistent buffers (the sinusoidal table) are not in checkpoints: rebuild them off the meta device."""
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_meta:
+                module.register_buffer(name, torch.empty(buffer.shape, dtype=buffer.dtype), persistent=False)
+                model._init_weights(module)
