@@ -241,5 +241,10 @@ def verify_seq2seq(reference, model, decoder_inputs: bool = True, generation: bo
                f"batch, {rule(model.dtype)})")
     if not generation or model.dtype != torch.float32:
         return ok, summary
+    if not config.is_encoder_decoder:
+        # A decoder alone continues its prompts. Ours takes the positions `generate` derives from a left-padded mask
+        # (GPT-2's convention); BartForCausalLM takes none and counts from the row's left edge, padding included, so
+        # the two agree on prompts without padding, which is what is compared.
+        batch = {"input_ids": batch["input_ids"][:1], "attention_mask": batch["attention_mask"][:1]}
     same, generated = compare_generation(reference, model, batch, max_new_tokens, num_beams)
     return ok and same, f"{summary}; {generated}"
