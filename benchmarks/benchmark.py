@@ -106,7 +106,8 @@ def time_pair(run_reference, run_ours, device, warmup: int, min_rounds: int, bud
 
 
 def quartiles(values):
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    # "inclusive": quartiles within the values (the default extrapolates past them, below zero with few rounds)
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
     return q[0], statistics.median(values), q[2]
 
 
