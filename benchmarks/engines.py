@@ -30,7 +30,8 @@ Engines, each given the same number of threads (--threads, default 2):
                     for encoders, `Translator.translate_batch` for Marian
 and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by default only where
 `hf_vanilla.precision.bf16_is_fast()` says the CPU multiplies bf16 natively, --precisions bf16 forces them) and
-CTranslate2 int8 (weights quantized at load).
+CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections,
+fbgemm's kernel, per-token activation scales).
 
 Method. Every case runs rounds in which each engine is called once, in an order rotated every round; a slow
 moment on a shared machine then hits every engine of that round. Each timed call follows an idle gap (--settle),
@@ -354,6 +355,11 @@ def load_engines(models, threads, precisions):
         reference = reference.to(torch.bfloat16)
         ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
         models.reduced += [(f"{REFERENCE} bf16", reference, "bf16"), ("hf_vanilla bf16", ours, "bf16")]
+    if "int8" in precisions:
+        from hf_vanilla.precision import quantize_int8
+
+        ours = bert_to_vanilla(models.reference.state_dict(), models.reference.config.to_dict(), "base").eval()
+        models.reduced.append(("hf_vanilla int8", quantize_int8(ours), "int8"))
 
 
 # ---- cases ---------------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Reduced precision where, and only where, it is faster than float32 on the machine it runs on.
 
-    from hf_vanilla.precision import bf16_is_fast
+    from hf_vanilla.precision import bf16_is_fast, quantize_int8
 
     if bf16_is_fast():                 # AMX or AVX-512 BF16 on this CPU (or a CUDA GPU with bf16)
         model = model.to(torch.bfloat16)
+    model = quantize_int8(model)       # or: int8 projections, on any x86 CPU (inference only)
 
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
 A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every bf16 block to float32 and
@@ -17,7 +18,10 @@ torch's own `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not this test: it 
 oneDNN can *run* bf16 (emulated), including the Xeon above where that is slower.
 """
 
+import warnings
+
 import torch
+from torch import nn
 
 
 def _cpu_flags() -> set:
@@ -47,4 +51,77 @@ def bf16_is_fast(device=None) -> bool:
     return device.type == "cpu" and native_bf16_cpu()
 
 
-__all__ = ["bf16_is_fast", "native_bf16_cpu"]
+# ---- int8 ---------------------------------------------------------------------------------------------------------
+
+WEIGHT_LEVELS = 63  # 7-bit weights: no int16 overflow in the non-VNNI kernel (see Int8Linear)
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")  # every layer's W^Q, W^K, W^V, W^O, W1, W2
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W in int8 (one scale per output row) and x quantized to 8 bits per token at each call.
+
+    The product runs in fbgemm's int8 kernel (`torch.ops.quantized.linear_dynamic`, what torch's dynamic
+    quantization calls), whose activation quantization is one scale per tensor. One scale for a whole batch lets a
+    token with large activations flatten every other token's: on MiniLM and real sentences that took the lowest
+    per-token cosine against float32 to 0.95 (docs/performance.md). So each token is divided by its own largest
+    |x| first, the kernel sees rows of one range, and the result is multiplied back:
+    x W^T = diag(s) (diag(1/s) x) W^T, s = max |x| per token: per-token quantization for one division and one fused
+    multiply-add over the output.
+
+    Weights use 7 bits (-63..63), activations all 8. Without VNNI (AVX2, or AVX-512 without it) the kernel multiplies
+    with `vpmaddubsw`, which adds two u8 x s8 products into a saturating int16: 8-bit weights can overflow it
+    (255 x 127 x 2 > 32767), and did, by 13% of the output on a random nn.Linear; 255 x 63 x 2 = 32130 cannot.
+    fbgemm's own answer, 7-bit activations (`reduce_range=True`), lost more on MiniLM (lowest cosine 0.980, top-1
+    neighbours 91.4%) than 7-bit weights (0.982, 94.1%; 8-bit weights where they did not overflow: 0.982, 91.8%).
+
+    Inference only: the int8 weight has no gradient, so a call that would need one raises.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scales = (weight.abs().amax(1).clamp_min(1e-12) / WEIGHT_LEVELS).double()  # symmetric, per output row
+        zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors; fbgemm's prepack still takes one
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(qweight, None)  # fbgemm's own layout; bias added below
+        bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
+        self.register_buffer("bias", bias.clone())
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("quantize_int8 made this model for inference: its int8 projections have no gradient. "
+                               "Train the float32 model and quantize it afterwards.")
+        scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)  # (..., 1): each token's own range
+        y = torch.ops.quantized.linear_dynamic(x / scale, self._packed, False)  # (..., out): 8-bit inputs
+        return torch.addcmul(self.bias, y, scale)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, per token"
+
+
+def quantize_int8(model):
+    """Replace every layer's projections (W^Q, W^K, W^V, W^O, W1, W2 of every encoder and decoder layer) by
+    `Int8Linear`, in place, and return the model. Embeddings, LayerNorms, attention itself, the pooler and the heads
+    stay float32. For inference on a CPU: call it after loading (the int8 weights are derived, not saved; save the
+    float32 model). Accuracy and speed on this CPU against float32 and CTranslate2's int8: docs/performance.md;
+    tests/test_precision.py holds the accuracy on real sentences to a floor."""
+    if torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        raise RuntimeError(f"quantize_int8 runs fbgemm's int8 kernels (x86 CPUs); torch's quantized engine here is "
+                           f"{torch.backends.quantized.engine!r}.")
+    targets = [(module, name) for module in model.modules() for name, child in module.named_children()
+               if name in PROJECTIONS and isinstance(child, nn.Linear)]
+    if not targets:
+        raise ValueError(f"{type(model).__name__} has no projections named {', '.join(PROJECTIONS)}: quantize_int8 "
+                         f"takes a model from hf_vanilla.")
+    for module, name in targets:
+        child = getattr(module, name)
+        if child.weight.device.type != "cpu":
+            raise ValueError(f"quantize_int8 runs on the CPU; {name} is on {child.weight.device}.")
+        setattr(module, name, Int8Linear(child))
+    return model.eval()
+
+
+__all__ = ["Int8Linear", "bf16_is_fast", "native_bf16_cpu", "quantize_int8"]
