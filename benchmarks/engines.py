@@ -108,6 +108,7 @@ from benchmark import (  # noqa: E402
     long_tailed_lengths,
     package_version,
     quartiles,
+    sentence_lengths,
     uniform_lengths,
 )
 from numerics import tolerance  # noqa: E402
@@ -372,13 +373,6 @@ class Case:
     model: str  # "bert-base", "minilm", "marian", "bert2bert"
     lengths: list  # real length of each row (right-padded to the longest) or, for generation, source lengths
     new_tokens: int = 0
-
-
-def sentence_lengths(batch, seed):
-    """Lengths of tokenised sentences: lognormal around 14 tokens, 5 to 64."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = (torch.randn(batch, generator=generator) * 0.5).exp() * 14
-    return lengths.round().clamp(5, 64).long().tolist()
 
 
 def cases(quick):
