@@ -25,7 +25,8 @@ Engines, each given the same number of threads (--threads, default 2):
                     {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads,
                     "INFERENCE_PRECISION_HINT": "f32"})`
     OV default      the same without the precision hint: OpenVINO's default precision for this CPU (bf16 where the
-                    CPU has it, f32 elsewhere); a float32 column only where it resolves to f32, else a reduced row
+                    CPU has it, f32 elsewhere). Where it resolves to f32 it is the "OpenVINO" computation, and its
+                    column says so instead of timing it twice; else it is a row of the reduced-precision table
     CT2             CTranslate2: `TransformersConverter` on the saved transformers checkpoint; `Encoder.forward_batch`
                     for encoders, `Translator.translate_batch` for Marian
 and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by default only where
@@ -296,6 +297,7 @@ class EncoderModels:
     openvino: dict = field(default_factory=dict)  # "OpenVINO" / "OV default" -> compiled model
     ct2_encoders: dict = field(default_factory=dict)  # "float32" / "int8" -> ctranslate2.Encoder
     reduced: list = field(default_factory=list)  # (name, model, precision) of the PyTorch reduced-precision engines
+    openvino_default: str = None  # the precision OpenVINO picks for this CPU when not told
 
 
 def encoder_models(name, directory, cold, threads):
@@ -343,7 +345,10 @@ def load_engines(models, threads, precisions):
         models.sessions["ORT fused"] = ort_session(fused, threads)
     if plain is not None and available("OpenVINO"):
         models.openvino["OpenVINO"] = openvino_compile(plain, threads, "f32")
-        models.openvino["OV default"] = openvino_compile(plain, threads, None)
+        default = openvino_compile(plain, threads, None)
+        models.openvino_default = openvino_precision(default)
+        if models.openvino_default != "fp32":  # else the same computation as "OpenVINO": not timed twice
+            models.openvino["OV default"] = default
     if models.ct2 is not None:
         import ctranslate2
 
@@ -597,6 +602,7 @@ def cpu_header(threads):
 FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled", "ORT", "ORT fused", "OpenVINO", "OV default",
                 "CT2"]
 OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled")
+OPENVINO_DEFAULT = {}  # model -> the precision OpenVINO chose by default ("fp32" where the CPU has no bf16)
 
 
 def settle_text(settle):
@@ -615,7 +621,8 @@ def fp32_row(case, engines, reference, settle):
     for name in FP32_COLUMNS:
         engine = by_name.get(name)
         if engine is None:
-            cells.append("-")
+            same = name == "OV default" and "OpenVINO" in by_name and OPENVINO_DEFAULT.get(case.model) == "fp32"
+            cells.append("f32 here: = OpenVINO" if same else "-")
             continue
         mids[name], text = ratio_text(reference, engine, settle)
         cells.append(text)
@@ -698,6 +705,7 @@ def run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rou
             models.clear()
             models[case.model] = encoder_models(case.model, directory, cold, args.threads)
             load_engines(models[case.model], args.threads, precisions)
+            OPENVINO_DEFAULT[case.model] = models[case.model].openvino_default
         vocab = models[case.model].reference.config.vocab_size
         input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
         engines = encoder_engines(models[case.model], input_ids, attention_mask)
