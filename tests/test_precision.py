@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from hf_vanilla.precision import Int8Linear, bf16_is_fast, native_bf16_cpu, quantize_int8
+import hf_vanilla.precision as precision
+from hf_vanilla.precision import Int8Linear, bf16_is_fast, int8_decisions, native_bf16_cpu, quantize_int8
 
 # ---- bf16 ---------------------------------------------------------------------------------------------------------
 
@@ -24,8 +25,6 @@ def test_bf16_is_fast_exactly_where_the_cpu_multiplies_bf16(monkeypatch, amx, av
 
 
 def test_bf16_is_fast_reads_proc_cpuinfo_without_torchs_checks(monkeypatch):
-    import hf_vanilla.precision as precision
-
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
     assert not native_bf16_cpu()
@@ -40,7 +39,24 @@ def test_bf16_is_fast_is_false_for_other_devices():
 # ---- int8: mechanics on a small layer ---------------------------------------------------------------------------
 
 
-def test_int8_linear_is_the_product_up_to_quantization():
+class _Always(dict):
+    """A decision table that answers `value` for every key: int8 everywhere (True) or float32 everywhere (False)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def get(self, key, default=None):
+        return self.value
+
+
+@pytest.fixture
+def all_int8(monkeypatch):
+    """Every projection in int8, whatever this CPU measures: the accuracy claims are about int8 itself."""
+    monkeypatch.setattr(precision, "_decisions", _Always(True))
+
+
+def test_int8_linear_is_the_product_up_to_quantization(all_int8):
     """Relative error of one product ~1e-2 (7-bit weights, 8-bit tokens): a quality bound, not rounding. A
     transposed (non-contiguous) and a 3-D input give the same rows as a 2-D one."""
     torch.manual_seed(0)
@@ -55,7 +71,7 @@ def test_int8_linear_is_the_product_up_to_quantization():
         torch.testing.assert_close(int8(rows.t().contiguous().t()), actual.reshape(14, 1536), rtol=0, atol=0)
 
 
-def test_int8_linear_keeps_a_token_of_small_activations_beside_a_large_one():
+def test_int8_linear_keeps_a_token_of_small_activations_beside_a_large_one(all_int8):
     """Per-token scales: a row 1000x smaller than its neighbour keeps its own accuracy (one scale per tensor would
     round it to nothing)."""
     torch.manual_seed(0)
@@ -65,6 +81,27 @@ def test_int8_linear_keeps_a_token_of_small_activations_beside_a_large_one():
     with torch.inference_mode():
         expected, actual = linear.weight @ x[1], Int8Linear(linear)(x)[1] - linear.bias
     assert ((actual - expected).norm() / expected.norm()).item() < 0.03
+
+
+def test_measured_choice_returns_int8_while_measuring_then_the_decided_kernel(monkeypatch):
+    """Calibration calls return int8's result; once decided, a key runs int8 or the float32 projection itself."""
+    monkeypatch.setattr(precision, "_decisions", {})
+    monkeypatch.setattr(precision, "_trials", {})
+    torch.manual_seed(0)
+    layer = Int8Linear(nn.Linear(256, 512))
+    x = torch.randn(8, 256)
+    with torch.inference_mode():
+        expected_int8, expected_float = layer.int8(x), layer.float_linear(x)
+        calls = 0
+        while not int8_decisions():  # 2 kernels here (a plain nn.Linear is never sent to oneDNN), 6 calls each
+            torch.testing.assert_close(layer(x), expected_int8, rtol=0, atol=0)
+            calls += 1
+        assert calls == 2 * precision.CALIBRATION_CALLS
+        (key, use_int8), = int8_decisions().items()
+        assert key == (256, 512, 8, torch.get_num_threads())
+        torch.testing.assert_close(layer(x), expected_int8 if use_int8 else expected_float, rtol=0, atol=0)
+        monkeypatch.setattr(precision, "_decisions", _Always(False))
+        torch.testing.assert_close(layer(x), expected_float, rtol=0, atol=0)
 
 
 def test_int8_refuses_autograd_and_is_inference_only():
@@ -126,7 +163,7 @@ def lee_sentences(count):
     return sentences[:count]
 
 
-def test_int8_accuracy_on_real_sentences(minilm_path):
+def test_int8_accuracy_on_real_sentences(minilm_path, all_int8):
     from transformers import AutoTokenizer
 
     from hf_vanilla import VanillaEncoderModel
