@@ -37,7 +37,7 @@ def cases():
             yield pytest.param(config_class, alias, field, value, id=f"{config_class.__name__}-{alias}")
 
 
-@pytest.mark.parametrize(("config_class", "alias", "field", "value"), cases())
+@pytest.mark.parametrize(("config_class", "alias", "field", "value"), list(cases()))
 def test_an_alias_is_its_field_everywhere(config_class, alias, field, value, tmp_path):
     built = config_class(**{alias: value})
     loaded = config_class.from_dict({alias: value})
