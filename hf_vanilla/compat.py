@@ -7,7 +7,8 @@ transformers 5.24 renamed the generation cache from `past_key_values` to `cache`
 still works there but logs a deprecation warning. Before 5.24 all three were `past_key_values`. A forward that took
 only `past_key_values` and swallowed `**kwargs` got no cache from 5.24's `generate` and decoded every step from the
 newest token alone: no error, wrong tokens. So every forward takes both names, and every output names the cache
-the way the installed transformers reads it.
+the way the installed transformers reads it. The same name is the keyword transformers' gradient-checkpointing
+wrapper (`GradientCheckpointingLayer`) drops from a layer's call, so the decoder layers take the cache under it.
 """
 
 from transformers.modeling_outputs import BaseModelOutputWithPast

@@ -35,7 +35,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .compat import cache_field
+from .compat import CACHE_FIELD, cache_field
 from .kernels import VanillaLinear
 from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
 from .validation import check_inputs, self_attention_cache
@@ -315,7 +315,10 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
             self.cross_attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states, attention_mask, encoder_hidden_states=None, encoder_attention_mask=None,
-                past_key_values=None, output_attentions=False):
+                output_attentions=False, **cache):
+        """`cache`: the key/value cache, under the keyword transformers' gradient-checkpointing wrapper drops (a
+        recomputed forward would write it twice): `cache` since transformers 5.24, `past_key_values` before."""
+        past_key_values = cache.get(CACHE_FIELD)
         hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values, None,
                                                             output_attentions)
         cross_weights = None
@@ -436,8 +439,8 @@ class VanillaStack(nn.Module):
         for layer in self.layers:
             if self.is_decoder:  # the cache by keyword: under gradient checkpointing the layer's wrapper drops it
                 hidden_states, self_weights, cross_weights = layer(
-                    hidden_states, mask, encoder_hidden_states, cross_mask, past_key_values=past_key_values,
-                    output_attentions=output_attentions)
+                    hidden_states, mask, encoder_hidden_states, cross_mask, output_attentions=output_attentions,
+                    **cache_field(past_key_values))
                 all_cross.append(cross_weights)
             else:
                 hidden_states, self_weights = layer(hidden_states, None if packed else mask,
