@@ -4,15 +4,16 @@
 
     if bf16_is_fast():                 # AMX or AVX-512 BF16 on this CPU (or a CUDA GPU with bf16)
         model = model.to(torch.bfloat16)
-    model = quantize_int8(model)       # or: int8 projections, on any x86 CPU (inference only)
+    else:
+        model = quantize_int8(model)   # int8 projections where measured faster, on any x86 CPU (inference only)
 
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
 A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every bf16 block to float32 and
 multiplies in float32, which is the float32 product plus the conversions. Measured (docs/performance.md): on an Intel
-Xeon with AVX-512 but no AMX, bf16 ran at 0.67-0.92x float32; on AMD Zen 3 (AVX2 only) at <ZEN3> float32; with AVX-512
-BF16 (AMD Zen 4) at 1.8-2.1x, with AMX (Intel Sapphire Rapids and later) at 2.9-4.1x. So the rule is the hardware's,
-read from the CPU (torch's cpuinfo check, /proc/cpuinfo as a fallback), not a measurement: it costs nothing and
-gives the same answer in every process.
+Xeon with AVX-512 but no AMX, bf16 ran at 0.67-0.92x float32; on AMD Zen 3 (AVX2 only) at about half float32's
+speed (0.41-0.55x transformers fp32); with AVX-512 BF16 (AMD Zen 4) at 1.8-2.1x, with AMX (Intel Sapphire Rapids
+and later) at 2.9-4.1x. So the rule is the hardware's, read from the CPU (torch's cpuinfo check, /proc/cpuinfo as a
+fallback), not a measurement: it costs nothing and gives the same answer in every process.
 
 torch's own `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not this test: it is true on any AVX-512 CPU, where
 oneDNN can *run* bf16 (emulated), including the Xeon above where that is slower.
