@@ -591,16 +591,9 @@ def compare(reference, engine, lengths):
 # ---- report --------------------------------------------------------------------------------------------------------
 
 
-def cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
 
 def cpu_header(threads):
-    from hf_vanilla.precision import bf16_is_fast
+    from hf_vanilla.precision import bf16_is_fast, cpu_flags
 
     wanted = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni", "avx2")))
     versions = ", ".join(f"{name} {package_version(name)}" for name in ("onnxruntime", "openvino", "ctranslate2",

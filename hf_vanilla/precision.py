@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 
-def _cpu_flags() -> set:
+def cpu_flags() -> set:
+    """The CPU feature flags /proc/cpuinfo lists (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             return next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
@@ -41,7 +42,7 @@ def native_bf16_cpu() -> bool:
         torch.cpu, "_is_avx512_bf16_supported", None)
     if amx is not None and avx512_bf16 is not None:
         return bool(amx() or avx512_bf16())
-    return bool(_cpu_flags() & {"amx_bf16", "avx512_bf16"})  # an older torch without the checks
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})  # an older torch without the checks
 
 
 def bf16_is_fast(device=None) -> bool:
@@ -190,5 +191,5 @@ def quantize_int8(model):
     return model.eval()
 
 
-__all__ = ["Int8Linear", "bf16_is_fast", "forget_int8_decisions", "int8_decisions", "native_bf16_cpu",
+__all__ = ["Int8Linear", "bf16_is_fast", "cpu_flags", "forget_int8_decisions", "int8_decisions", "native_bf16_cpu",
            "quantize_int8"]

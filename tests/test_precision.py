@@ -26,9 +26,9 @@ def test_bf16_is_fast_exactly_where_the_cpu_multiplies_bf16(monkeypatch, amx, av
 
 def test_bf16_is_fast_reads_proc_cpuinfo_without_torchs_checks(monkeypatch):
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512f", "avx512bw"})
     assert not native_bf16_cpu()
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
     assert native_bf16_cpu()
 
 
