@@ -19,6 +19,7 @@ from .parity import reference_model
 from .seq2seq import (
     fairseq_config,
     fairseq_embeddings,
+    fairseq_fields,
     fairseq_layers,
     generation_ids,
     save_seq2seq,
@@ -116,15 +117,8 @@ def marian_config_for(config: VanillaSeq2SeqConfig):
         raise ConversionError(f"This model cannot be expressed as Marian: {'; '.join(refusals)}. to-marian converts "
                               f"models converted from Marian (python -m conversion marian) and models of its shape.")
     return MarianConfig(
-        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.hidden_size,
-        encoder_layers=config.num_hidden_layers, decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.num_attention_heads, decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.intermediate_size, decoder_ffn_dim=config.decoder_intermediate_size,
-        activation_function=config.hidden_act, dropout=config.hidden_dropout_prob,
-        attention_dropout=config.attention_probs_dropout_prob, max_position_embeddings=config.max_position_embeddings,
-        init_std=config.initializer_range, scale_embedding=config.scale_embeddings, pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
+        **fairseq_fields(config), decoder_vocab_size=config.vocab_size,
+        max_position_embeddings=config.max_position_embeddings,
         share_encoder_decoder_embeddings=config.share_encoder_decoder_embeddings,
         tie_word_embeddings=config.tie_word_embeddings, architectures=["MarianMTModel"],
     )

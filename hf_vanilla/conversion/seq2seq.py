@@ -43,6 +43,21 @@ def fairseq_layers(stack: str, num_layers: int, cross_attention: bool) -> dict[s
     return expand_table([(prefix + fairseq, prefix + ours) for fairseq, ours in rows], num_layers)
 
 
+def fairseq_fields(config: VanillaSeq2SeqConfig) -> dict:
+    """Ours -> the fields a BART-family config (BartConfig, MarianConfig) names alike: `fairseq_config` read
+    backwards. Each format adds its own (positions, vocabularies, heads)."""
+    return dict(
+        vocab_size=config.vocab_size, d_model=config.hidden_size, encoder_layers=config.num_hidden_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.num_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.intermediate_size,
+        decoder_ffn_dim=config.decoder_intermediate_size, activation_function=config.hidden_act,
+        dropout=config.hidden_dropout_prob, attention_dropout=config.attention_probs_dropout_prob,
+        init_std=config.initializer_range, scale_embedding=config.scale_embeddings, pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+    )
+
+
 def fairseq_config(source: dict, title: str, **choices) -> VanillaSeq2SeqConfig:
     """A BART-family config dict (MarianConfig, BartConfig: fairseq's field names) -> ours; `choices` are the
     format's own (positions, embedding LayerNorm, defaults)."""
