@@ -393,6 +393,16 @@ def other_graph(eager, directory: Path, **config) -> bytes:
     return path.read_bytes()
 
 
+def assert_answers_on_onnx_runtime(model, eager):
+    """One call of `model` on a padded batch runs ONNX Runtime once and gives `eager`'s hidden states."""
+    input_ids, mask = padded_batch([6, 10])
+    calls = Calls(model)
+    with torch.inference_mode():
+        assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()],
+                     eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()])
+    assert calls.count == 1
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty", "a directory", "another model's graph",
                                     "another model's graph, with our key", "a forged graph of the same signature"])
 def test_a_damaged_cache_entry_is_exported_again(base, tmp_path, exports, damage):
@@ -423,12 +433,7 @@ def test_a_damaged_cache_entry_is_exported_again(base, tmp_path, exports, damage
     assert exports.count(key) == 2  # once at first, once again to repair
     (repaired,) = cache.glob("encoder-*.onnx")
     assert repaired.read_bytes() == graph
-    input_ids, mask = padded_batch([6, 10])
-    calls = Calls(model)
-    with torch.inference_mode():
-        assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()],
-                     eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()])
-    assert calls.count == 1
+    assert_answers_on_onnx_runtime(model, eager)
 
 
 def test_cached_graph_is_reused_without_exporting(base, exports):
@@ -467,12 +472,7 @@ def test_a_cache_that_cannot_be_written_warns_once_and_still_runs(base, tmp_path
     messages = [str(w.message) for w in caught if "cache" in str(w.message)]
     assert len(messages) == 1 and "cannot be written" in messages[0] and engine.CACHE_ENV in messages[0]
     assert "\n" not in messages[0]
-    input_ids, mask = padded_batch([6, 10])
-    calls = Calls(model)
-    with torch.inference_mode():
-        assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()],
-                     eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()])
-    assert calls.count == 1
+    assert_answers_on_onnx_runtime(model, eager)
 
 
 def test_leftovers_of_dead_exports_are_removed(base, tmp_path, exports):
