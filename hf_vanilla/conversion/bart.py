@@ -24,10 +24,10 @@ from hf_vanilla import (
 )
 
 from .building import build_model
-from .common import load_tensors, read_source, write_conversion, write_source_format
 from .errors import ConversionError
 from .mapping import map_tensors
 from .parity import reference_model
+from .reading import load_tensors, read_source
 from .seq2seq import (
     fairseq_config,
     fairseq_embeddings,
@@ -38,6 +38,7 @@ from .seq2seq import (
     verify_seq2seq,
     with_generation_config,
 )
+from .writing import write_conversion, write_source_format
 
 POSITION_OFFSET = 2  # BART numbers positions from padding_idx + 1, as fairseq did
 

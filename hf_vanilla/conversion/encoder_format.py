@@ -17,18 +17,11 @@ from hf_vanilla import (
 
 from ..heads import class_for_head, converter_heads
 from .building import build_model
-from .common import (
-    cast_for_saving,
-    load_tensors,
-    read_source,
-    save_checkpoint,
-    verification_batch,
-    write_conversion,
-    write_source_format,
-)
 from .errors import ConversionError
 from .mapping import expand_table, map_tensors, normalise_keys, source_namer, untie
-from .parity import PRECISION_NAMES, check, reference_model, rule
+from .parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
+from .reading import load_tensors, read_source
+from .writing import cast_for_saving, save_checkpoint, write_conversion, write_source_format
 
 
 def require_encoder(source_config: dict, title: str, decoder_hint: str = "only encoders convert.",

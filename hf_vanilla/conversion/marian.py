@@ -12,10 +12,10 @@ from pathlib import Path
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
 from .building import build_model
-from .common import load_tensors, read_source, write_conversion, write_source_format
 from .errors import ConversionError
 from .mapping import map_tensors
 from .parity import reference_model
+from .reading import load_tensors, read_source
 from .seq2seq import (
     fairseq_config,
     fairseq_embeddings,
@@ -27,6 +27,7 @@ from .seq2seq import (
     verify_seq2seq,
     with_generation_config,
 )
+from .writing import write_conversion, write_source_format
 
 MARIAN_DROPPED = {
     "model.encoder.embed_positions": "the sinusoidal table, recomputed from the config (checked equal when present)",

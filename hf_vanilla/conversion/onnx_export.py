@@ -22,18 +22,11 @@ from pathlib import Path
 import torch
 
 from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
-from .common import (
-    TOKENIZER_FILES,
-    ConversionError,
-    atomic_output,
-    copy_side_files,
-    load_tensors,
-    max_differences,
-    read_config,
-    require_model_type,
-    resolve_source,
-    verification_batch,
-)
+from .errors import ConversionError
+from .output import atomic_output
+from .parity import verification_batch
+from .reading import load_tensors, read_config, require_model_type, resolve_source
+from .writing import TOKENIZER_FILES, copy_side_files
 
 TOLERANCE = 1e-4  # fp32, ONNX Runtime's kernels against PyTorch's: fused and reordered sums round differently
 
@@ -95,6 +88,15 @@ def _session(path: Path):
 def _run(session, feeds: dict) -> list[torch.Tensor]:
     arrays = {name: value.numpy() for name, value in feeds.items()}
     return [torch.from_numpy(out) for out in session.run(None, arrays)]
+
+
+def max_differences(reference: tuple, ours: tuple, mask: torch.Tensor | None) -> list[float]:
+    """Per-layer max |difference|, over real tokens only (padding positions carry no meaning)."""
+    diffs = []
+    for ref, out in zip(reference, ours, strict=True):
+        delta = (ref.float() - out.float()).abs()
+        diffs.append((delta[mask.bool()] if mask is not None else delta).max().item())
+    return diffs
 
 
 def verify_encoder(model, path: Path, input_names: list[str], output_names: tuple[str, ...],

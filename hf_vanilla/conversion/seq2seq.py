@@ -10,10 +10,10 @@ import torch
 
 from hf_vanilla import VanillaSeq2SeqConfig
 
-from .common import TOKENIZER_FILES, copy_side_files, save_checkpoint
 from .errors import ConversionError
 from .mapping import expand_table
 from .parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
+from .writing import TOKENIZER_FILES, copy_side_files, save_checkpoint
 
 # ---- fairseq's layout: BART and Marian ----------------------------------------------------------------------
 
