@@ -14,15 +14,14 @@ import torch
 import transformers
 from transformers import BartConfig, GenerationConfig
 
-from hf_vanilla import (
+from ..configuration_vanilla import VanillaSeq2SeqConfig
+from ..modeling_vanilla import (
     VanillaDecoderForCausalLM,
-    VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
     VanillaSeq2SeqForQuestionAnswering,
     VanillaSeq2SeqForSequenceClassification,
     VanillaSeq2SeqModel,
 )
-
 from .building import build_model
 from .errors import ConversionError
 from .mapping import map_tensors

@@ -15,15 +15,14 @@ from dataclasses import replace
 
 from transformers import BertConfig
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
+from ..configuration_vanilla import VanillaEncoderConfig
+from ..modeling_vanilla import (
     VanillaEncoderForCausalLM,
     VanillaEncoderForMultipleChoice,
     VanillaEncoderForNextSentencePrediction,
     VanillaEncoderForPreTraining,
     VanillaEncoderForSequenceClassification,
 )
-
 from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
-
+from ..configuration_vanilla import VanillaSeq2SeqConfig
+from ..modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
 from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
 from .building import build_model

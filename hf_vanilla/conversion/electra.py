@@ -18,8 +18,8 @@ ELECTRA's sequence-classification head (dense + GELU + out_proj on [CLS]) has no
 the encoder of such a checkpoint converts with `--head base`.
 """
 
-from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForReplacedTokenDetection
-
+from ..configuration_vanilla import VanillaEncoderConfig
+from ..modeling_vanilla import VanillaEncoderForReplacedTokenDetection
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
 from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head, require_gelu_lm_head

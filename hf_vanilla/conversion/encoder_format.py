@@ -7,15 +7,14 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
+from ..configuration_vanilla import VanillaEncoderConfig
+from ..heads import class_for_head, converter_heads
+from ..modeling_vanilla import (
     VanillaEncoderForMaskedLM,
     VanillaEncoderForQuestionAnswering,
     VanillaEncoderForTokenClassification,
     VanillaEncoderModel,
 )
-
-from ..heads import class_for_head, converter_heads
 from .building import build_model
 from .errors import ConversionError
 from .mapping import expand_table, map_tensors, normalise_keys, source_namer, untie

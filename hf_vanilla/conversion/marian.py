@@ -9,8 +9,8 @@ Its layers carry fairseq's names, as BART's do (seq2seq.py holds that table).
 
 from pathlib import Path
 
-from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
-
+from ..configuration_vanilla import VanillaSeq2SeqConfig
+from ..modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
 from .building import build_model
 from .errors import ConversionError
 from .mapping import map_tensors
@@ -59,7 +59,7 @@ def marian_config(marian: dict) -> VanillaSeq2SeqConfig:
 
 def check_position_tables(tensors: dict, config: VanillaSeq2SeqConfig) -> None:
     """Older checkpoints saved the sinusoids; ours are recomputed, so a saved table must be the same one."""
-    from hf_vanilla.transformer import sinusoidal_position_table
+    from ..transformer import sinusoidal_position_table
 
     for stack in ("encoder", "decoder"):
         saved = tensors.get(f"model.{stack}.embed_positions.weight")

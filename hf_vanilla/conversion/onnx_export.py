@@ -180,7 +180,7 @@ def load_model(source_dir: Path, task: str):
     (transformers would initialise it randomly and the export would be meaningless)."""
     import transformers
 
-    from hf_vanilla import AUTO_CLASSES
+    from ..auto import AUTO_CLASSES
 
     # The weights are read by the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors
     # there), then placed by transformers' own loader, which takes them with the config instead of a path.

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import VanillaSeq2SeqConfig
-
+from ..configuration_vanilla import VanillaSeq2SeqConfig
 from .errors import ConversionError
 from .mapping import expand_table
 from .parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
