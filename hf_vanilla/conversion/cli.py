@@ -131,10 +131,7 @@ def _onnx_command(subparsers) -> None:
                   force_help="replace an earlier output of this converter once the export succeeds")
     parser.add_argument("--task", default="auto", choices=["auto", *ONNX_TASKS],
                         help="which model and outputs to export; auto follows the checkpoint's `architectures`")
-    parser.add_argument("--tolerance", type=float, default=1e-4,
-                        help="max |diff| allowed between ONNX Runtime and PyTorch (default 1e-4)")
-    parser.set_defaults(run=lambda a: _converter("onnx_export").convert(a.source, a.output, a.task, a.force,
-                                                                        a.tolerance))
+    parser.set_defaults(run=lambda a: _converter("onnx_export").convert(a.source, a.output, a.task, a.force))
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
