@@ -97,7 +97,7 @@ def _seq2seq_commands(subparsers) -> None:
 
     parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
     common(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("marian").convert_marian(a.source, a.output, a.dtype, a.force,
+    parser.set_defaults(run=lambda a: _converter("marian").FORMAT.convert(a.source, a.output, a.dtype, a.force,
                                                                            a.verify, a.command))
 
     parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a "
@@ -106,12 +106,12 @@ def _seq2seq_commands(subparsers) -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written MarianMTModel with transformers and comparing it with the "
                              "source")
-    parser.set_defaults(run=lambda a: _converter("marian").to_marian(a.source, a.output, a.force, a.verify))
+    parser.set_defaults(run=lambda a: _converter("marian").FORMAT.to_source(a.source, a.output, a.force, a.verify))
 
     parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "
                                                 "its vanilla counterpart")
     common(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("bart").convert(a.source, a.output, a.dtype, a.force, a.verify,
+    parser.set_defaults(run=lambda a: _converter("bart").FORMAT.convert(a.source, a.output, a.dtype, a.force, a.verify,
                                                                  a.command))
 
     parser = subparsers.add_parser("to-bart", help="a vanilla encoder-decoder (or decoder alone) -> the transformers "
@@ -119,7 +119,7 @@ def _seq2seq_commands(subparsers) -> None:
     _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written BART with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: _converter("bart").to_bart(a.source, a.output, a.force, a.verify))
+    parser.set_defaults(run=lambda a: _converter("bart").FORMAT.to_source(a.source, a.output, a.force, a.verify))
 
 
 def _onnx_command(subparsers) -> None:
