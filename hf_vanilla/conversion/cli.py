@@ -17,12 +17,11 @@ import os
 import shlex
 import sys
 
-from ..heads import converter_heads
+from ..heads import converter_heads, export_tasks
 from .errors import report_failure
 
 DTYPES = ("float32", "float16", "bfloat16")
-ONNX_TASKS = ("feature-extraction", "fill-mask", "text-classification", "token-classification", "question-answering",
-              "seq2seq")
+ONNX_TASKS = tuple(export_tasks().values())  # hf_vanilla/heads.py declares which class exports as which task
 
 # BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion). The
 # heads are read from hf_vanilla/heads.py (import-free), which each format module is checked against on import.

@@ -22,29 +22,26 @@ from pathlib import Path
 
 import torch
 
+from .. import modeling_vanilla
 from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
+from ..heads import export_tasks
 from .errors import ConversionError
 from .output import atomic_output
 from .parity import check, require_parity, rule, verification_batch
 from .reading import load_tensors, read_config, require_model_type, resolve_source
 from .writing import TOKENIZER_FILES, copy_side_files
 
-# task -> (Auto class name, graph outputs)
-TASKS = {
-    "feature-extraction": ("AutoModel", ("last_hidden_state",)),
-    "fill-mask": ("AutoModelForMaskedLM", ("logits",)),
-    "text-classification": ("AutoModelForSequenceClassification", ("logits",)),
-    "token-classification": ("AutoModelForTokenClassification", ("logits",)),
-    "question-answering": ("AutoModelForQuestionAnswering", ("start_logits", "end_logits")),
-    "seq2seq": ("AutoModelForSeq2SeqLM", ()),
-}
-ARCHITECTURE_TASKS = {
-    "VanillaEncoderModel": "feature-extraction",
-    "VanillaEncoderForMaskedLM": "fill-mask",
-    "VanillaEncoderForSequenceClassification": "text-classification",
-    "VanillaEncoderForTokenClassification": "token-classification",
-    "VanillaEncoderForQuestionAnswering": "question-answering",
-    "VanillaSeq2SeqForConditionalGeneration": "seq2seq",
+# Which class exports as which task is declared once, in hf_vanilla/heads.py (`export_task`): class name -> task.
+ARCHITECTURE_TASKS = export_tasks()
+# task -> the graph's outputs. seq2seq exports two graphs, the encoder's states and one decoding step, whose outputs
+# `export_decoder_step` fixes.
+OUTPUTS = {
+    "feature-extraction": ("last_hidden_state",),
+    "fill-mask": ("logits",),
+    "text-classification": ("logits",),
+    "token-classification": ("logits",),
+    "question-answering": ("start_logits", "end_logits"),
+    "seq2seq": (),
 }
 SEQ2SEQ_STEPS = 4  # decoding steps checked against PyTorch
 
@@ -163,12 +160,10 @@ def load_model(source_dir: Path, task: str):
     (transformers would initialise it randomly and the export would be meaningless)."""
     import transformers
 
-    from ..auto import AUTO_CLASSES
-
     # The weights are read by the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors
     # there), then placed by transformers' own loader, which takes them with the config instead of a path.
     config = transformers.AutoConfig.from_pretrained(source_dir)
-    model_class = AUTO_CLASSES[type(config)][getattr(transformers, TASKS[task][0])]
+    model_class = getattr(modeling_vanilla, next(name for name, t in ARCHITECTURE_TASKS.items() if t == task))
     options = {}
     if (source_dir / "generation_config.json").is_file():
         options["generation_config"] = transformers.GenerationConfig.from_pretrained(source_dir)
@@ -219,7 +214,7 @@ def convert(source: str, output: str, task: str = "auto", force: bool = False) -
             verify_seq2seq(model, staging / "encoder_model.onnx", staging / "decoder_model.onnx", input_names)
             model.generation_config.save_pretrained(staging)
         else:
-            output_names = TASKS[task][1]
+            output_names = OUTPUTS[task]
             export_encoder(model, staging / "model.onnx", input_names, output_names)
             print("Verifying with ONNX Runtime against PyTorch (padded batch):")
             verify_encoder(model, staging / "model.onnx", input_names, output_names)
