@@ -196,7 +196,8 @@ class EncoderFormat:
         return self.source_class(self.model_types[0], "base").base_model_prefix + "."
 
     def reads_pooler(self, head: str) -> bool:
-        """Whether `head` keeps the source's pooler: the base model (when it has one) and heads that read it."""
+        """Whether `head` keeps the source's pooler: the base model (when it has one) and heads whose class reads it
+        (`uses_pooler`); for the others it is left out."""
         return head == "base" or self.model_class(head).uses_pooler
 
     def head_for(self, source_config: dict, requested: str, tensors: dict) -> str:
