@@ -65,17 +65,22 @@ def test_head_and_model_type_choices_are_the_converters():
 
 
 def test_a_format_must_convert_the_heads_heads_py_declares():
-    """A head missing from a format module's table, or holding another class than heads.py declares for it, is
-    refused when the format is built: the command line would otherwise offer a head the converter lacks."""
+    """A head missing from a format module's table, or one heads.py does not declare for the format, is refused when
+    the format is built: the command line would otherwise offer a head the converter lacks, or lack one it converts.
+    Each head converts to the class heads.py declares for its name."""
     from dataclasses import replace
+
+    from hf_vanilla.heads import MODELS
 
     heads = dict(roberta.FORMAT.heads)
     del heads["question-answering"]
     with pytest.raises(TypeError, match="not those hf_vanilla/heads.py declares for 'roberta'"):
         replace(roberta.FORMAT, heads=heads)
-    heads = dict(roberta.FORMAT.heads, **{"question-answering": roberta.FORMAT.heads["token-classification"]})
-    with pytest.raises(TypeError, match="question-answering -> VanillaEncoderForTokenClassification"):
+    heads = dict(roberta.FORMAT.heads, **{"causal-lm": bert.FORMAT.heads["causal-lm"]})  # declared for BERT only
+    with pytest.raises(TypeError, match="not those hf_vanilla/heads.py declares for 'roberta'"):
         replace(roberta.FORMAT, heads=heads)
+    for head in bert.FORMAT.heads:
+        assert MODELS[bert.FORMAT.model_class(head).__name__].head == head
 
 
 def test_in_process_conversion(tmp_path, capsys):

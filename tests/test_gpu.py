@@ -26,7 +26,7 @@ from test_accelerate import launch
 from transformers import BertConfig, BertForMaskedLM
 
 from hf_vanilla.conversion.bert import bert_to_vanilla
-from hf_vanilla.conversion.common import verification_batch
+from hf_vanilla.conversion.parity import verification_batch
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
 pytestmark = pytest.mark.gpu

@@ -701,7 +701,7 @@ def text_batch(minilm_path):
 @pytest.fixture(scope="module")
 def minilm(minilm_path):
     from hf_vanilla.conversion.bert import bert_to_vanilla
-    from hf_vanilla.conversion.common import load_tensors, read_config
+    from hf_vanilla.conversion.reading import load_tensors, read_config
 
     return bert_to_vanilla(load_tensors(Path(minilm_path)), read_config(Path(minilm_path)), "base")
 

@@ -114,8 +114,9 @@ def test_classifier_onnx_matches_pytorch_on_tokenizer_output(classifier, texts):
     assert_close(logits, reference)
 
 
-def test_onnx_refuses_a_graph_that_does_not_match_the_model(classifier, tmp_path, minilm_path, monkeypatch):
-    """The verification is real: a graph traced from other weights is caught, exit status 2, nothing written."""
+def test_onnx_refuses_a_graph_that_does_not_match_the_model(classifier, tmp_path, minilm_path, monkeypatch, capsys):
+    """The verification is real: a graph traced from other weights is caught by the parity rule (named in the error),
+    exit status 2, nothing written."""
     _, exported, _ = classifier
     other = tmp_path / "other"
     make_encoder(other, minilm_path, seed=1)
@@ -125,6 +126,19 @@ def test_onnx_refuses_a_graph_that_does_not_match_the_model(classifier, tmp_path
     assert main(["onnx", "--source", str(other), "--output", str(output)]) == 2
     assert not output.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["other"]  # no partial output either
+    error = capsys.readouterr().err
+    assert "Parity check failed: ONNX Runtime against PyTorch" in error
+    assert "tolerance 1e-05 x max(1, |output|)" in error  # the rule, named
+
+
+def test_export_tasks_are_those_heads_py_declares():
+    """Which class exports as which task is declared once (hf_vanilla/heads.py); the command's --task choices and
+    the export's graph outputs cover exactly those tasks."""
+    from hf_vanilla.conversion.cli import ONNX_TASKS
+    from hf_vanilla.heads import export_tasks
+
+    assert onnx_export.ARCHITECTURE_TASKS == export_tasks()
+    assert set(ONNX_TASKS) == set(onnx_export.OUTPUTS) == set(export_tasks().values())
 
 
 def test_onnx_refuses_existing_output_and_missing_head(classifier, tmp_path, capsys):
@@ -170,8 +184,8 @@ def test_every_encoder_task_matches_pytorch_at_real_tokens(task, tmp_path, minil
     with torch.no_grad():
         reference = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
     outputs = graph.run(None, inputs)
-    assert [o.name for o in graph.get_outputs()] == list(onnx_export.TASKS[task][1])
-    for name, ours in zip(onnx_export.TASKS[task][1], outputs, strict=True):
+    assert [o.name for o in graph.get_outputs()] == list(onnx_export.OUTPUTS[task])
+    for name, ours in zip(onnx_export.OUTPUTS[task], outputs, strict=True):
         expected = reference[name].numpy()
         assert ours.shape == expected.shape
         assert_close(ours[real], expected[real], msg=name)

@@ -15,15 +15,7 @@ from dataclasses import replace
 
 from transformers import BertConfig
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
-    VanillaEncoderForCausalLM,
-    VanillaEncoderForMultipleChoice,
-    VanillaEncoderForNextSentencePrediction,
-    VanillaEncoderForPreTraining,
-    VanillaEncoderForSequenceClassification,
-)
-
+from ..configuration_vanilla import VanillaEncoderConfig
 from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).
@@ -56,14 +48,11 @@ HEADS = {
     "base": BASE_HEAD,
     "masked-lm": MASKED_LM,
     # BertLMHeadModel: the MLM head, reading a stack masked to the past.
-    "causal-lm": replace(MASKED_LM, model_class=VanillaEncoderForCausalLM, source_suffix="LMHeadModel", causal=True),
-    "pretraining": replace(MASKED_LM, model_class=VanillaEncoderForPreTraining, source_suffix="ForPreTraining",
-                           table=MASKED_LM.table + NEXT_SENTENCE),
-    "next-sentence-prediction": EncoderHead(VanillaEncoderForNextSentencePrediction, "ForNextSentencePrediction",
-                                            table=NEXT_SENTENCE),
-    "multiple-choice": EncoderHead(VanillaEncoderForMultipleChoice, "ForMultipleChoice", table=CLASSIFIER),
-    "sequence-classification": EncoderHead(VanillaEncoderForSequenceClassification, "ForSequenceClassification",
-                                           table=CLASSIFIER),
+    "causal-lm": replace(MASKED_LM, source_suffix="LMHeadModel", causal=True),
+    "pretraining": replace(MASKED_LM, source_suffix="ForPreTraining", table=MASKED_LM.table + NEXT_SENTENCE),
+    "next-sentence-prediction": EncoderHead("ForNextSentencePrediction", table=NEXT_SENTENCE),
+    "multiple-choice": EncoderHead("ForMultipleChoice", table=CLASSIFIER),
+    "sequence-classification": EncoderHead("ForSequenceClassification", table=CLASSIFIER),
     **TASK_HEADS,
 }
 

@@ -16,24 +16,17 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
-
+from ..configuration_vanilla import VanillaSeq2SeqConfig
+from ..modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
 from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
 from .building import build_model
-from .common import (
-    load_tensors,
-    read_config,
-    read_source,
-    require_model_type,
-    resolve_source,
-    verification_batch,
-    write_conversion,
-)
 from .errors import ConversionError
 from .mapping import expand_table, map_tensors, normalise_keys, untie
-from .parity import check, reference_model, rule
+from .parity import check, reference_model, rule, verification_batch
+from .reading import load_tensors, read_config, read_source, require_model_type, resolve_source
 from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
+from .writing import write_conversion
 
 # ---- BERT stacks ------------------------------------------------------------------------------------------------
 

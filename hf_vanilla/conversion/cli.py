@@ -17,12 +17,11 @@ import os
 import shlex
 import sys
 
-from ..heads import converter_heads
+from ..heads import converter_heads, export_tasks
 from .errors import report_failure
 
 DTYPES = ("float32", "float16", "bfloat16")
-ONNX_TASKS = ("feature-extraction", "fill-mask", "text-classification", "token-classification", "question-answering",
-              "seq2seq")
+ONNX_TASKS = tuple(export_tasks().values())  # hf_vanilla/heads.py declares which class exports as which task
 
 # BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion). The
 # heads are read from hf_vanilla/heads.py (import-free), which each format module is checked against on import.
@@ -97,7 +96,7 @@ def _seq2seq_commands(subparsers) -> None:
 
     parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
     common(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("marian").convert_marian(a.source, a.output, a.dtype, a.force,
+    parser.set_defaults(run=lambda a: _converter("marian").FORMAT.convert(a.source, a.output, a.dtype, a.force,
                                                                            a.verify, a.command))
 
     parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a "
@@ -106,12 +105,12 @@ def _seq2seq_commands(subparsers) -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written MarianMTModel with transformers and comparing it with the "
                              "source")
-    parser.set_defaults(run=lambda a: _converter("marian").to_marian(a.source, a.output, a.force, a.verify))
+    parser.set_defaults(run=lambda a: _converter("marian").FORMAT.to_source(a.source, a.output, a.force, a.verify))
 
     parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "
                                                 "its vanilla counterpart")
     common(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("bart").convert(a.source, a.output, a.dtype, a.force, a.verify,
+    parser.set_defaults(run=lambda a: _converter("bart").FORMAT.convert(a.source, a.output, a.dtype, a.force, a.verify,
                                                                  a.command))
 
     parser = subparsers.add_parser("to-bart", help="a vanilla encoder-decoder (or decoder alone) -> the transformers "
@@ -119,7 +118,7 @@ def _seq2seq_commands(subparsers) -> None:
     _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written BART with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: _converter("bart").to_bart(a.source, a.output, a.force, a.verify))
+    parser.set_defaults(run=lambda a: _converter("bart").FORMAT.to_source(a.source, a.output, a.force, a.verify))
 
 
 def _onnx_command(subparsers) -> None:
@@ -131,10 +130,7 @@ def _onnx_command(subparsers) -> None:
                   force_help="replace an earlier output of this converter once the export succeeds")
     parser.add_argument("--task", default="auto", choices=["auto", *ONNX_TASKS],
                         help="which model and outputs to export; auto follows the checkpoint's `architectures`")
-    parser.add_argument("--tolerance", type=float, default=1e-4,
-                        help="max |diff| allowed between ONNX Runtime and PyTorch (default 1e-4)")
-    parser.set_defaults(run=lambda a: _converter("onnx_export").convert(a.source, a.output, a.task, a.force,
-                                                                        a.tolerance))
+    parser.set_defaults(run=lambda a: _converter("onnx_export").convert(a.source, a.output, a.task, a.force))
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

@@ -16,8 +16,7 @@ and is refused; the encoder of such a checkpoint converts with `--head base`. It
 without the extra training-time dropout `qa_dropout` (the outputs are the same).
 """
 
-from hf_vanilla import VanillaEncoderConfig
-
+from ..configuration_vanilla import VanillaEncoderConfig
 from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head
 from .errors import ConversionError
 

@@ -18,8 +18,7 @@ ELECTRA's sequence-classification head (dense + GELU + out_proj on [CLS]) has no
 the encoder of such a checkpoint converts with `--head base`.
 """
 
-from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForReplacedTokenDetection
-
+from ..configuration_vanilla import VanillaEncoderConfig
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
 from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head, require_gelu_lm_head
@@ -31,13 +30,10 @@ ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") +
 
 HEADS = {
     "base": BASE_HEAD,
-    "replaced-token-detection": EncoderHead(
-        VanillaEncoderForReplacedTokenDetection, "ForPreTraining",
-        table=(
-            ("discriminator_predictions.dense", "rtd_head.dense"),
-            ("discriminator_predictions.dense_prediction", "rtd_head.prediction"),
-        ),
-    ),
+    "replaced-token-detection": EncoderHead("ForPreTraining", table=(
+        ("discriminator_predictions.dense", "rtd_head.dense"),
+        ("discriminator_predictions.dense_prediction", "rtd_head.prediction"),
+    )),
     "masked-lm": masked_lm_head("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head",
                                 # stored by older writers
                                 tied={"generator_lm_head.weight": "embeddings.word_embeddings.weight"}),

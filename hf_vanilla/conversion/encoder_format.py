@@ -7,28 +7,15 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import (
-    VanillaEncoderConfig,
-    VanillaEncoderForMaskedLM,
-    VanillaEncoderForQuestionAnswering,
-    VanillaEncoderForTokenClassification,
-    VanillaEncoderModel,
-)
-
+from .. import modeling_vanilla
+from ..configuration_vanilla import VanillaEncoderConfig
 from ..heads import class_for_head, converter_heads
 from .building import build_model
-from .common import (
-    cast_for_saving,
-    load_tensors,
-    read_source,
-    save_checkpoint,
-    verification_batch,
-    write_conversion,
-    write_source_format,
-)
 from .errors import ConversionError
 from .mapping import expand_table, map_tensors, normalise_keys, source_namer, untie
-from .parity import PRECISION_NAMES, check, reference_model, rule
+from .parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
+from .reading import load_tensors, read_source
+from .writing import cast_for_saving, save_checkpoint, write_conversion, write_source_format
 
 
 def require_encoder(source_config: dict, title: str, decoder_hint: str = "only encoders convert.",
@@ -79,11 +66,10 @@ def compare(reference, model) -> tuple[bool, str]:
 
 @dataclass(frozen=True)
 class EncoderHead:
-    """One head of a BERT-family format.
+    """One head of a BERT-family format: how the source stores it. The vanilla class that holds it is not named
+    here: hf_vanilla/heads.py declares it once for the head's name (`EncoderFormat.model_class`).
 
     Args:
-        model_class: the vanilla model that holds it. Whether the head reads the pooler is the class's
-            `uses_pooler`: then the source's pooler is converted with it, otherwise left out.
         source_suffix: the transformers class name after the family prefix ("ForMaskedLM" -> RobertaForMaskedLM).
         table: source module -> ours, for the head's own modules (outside the base model).
         tied: source key -> the key it duplicates (keys without the format's prefix). Older checkpoints store tied
@@ -93,7 +79,6 @@ class EncoderHead:
             `is_decoder=True`.
     """
 
-    model_class: type
     source_suffix: str
     table: tuple = ()
     tied: dict = field(default_factory=dict)
@@ -101,25 +86,20 @@ class EncoderHead:
 
 
 # The encoder alone, which every format has.
-BASE_HEAD = EncoderHead(VanillaEncoderModel, "Model")
+BASE_HEAD = EncoderHead("Model")
 
 
 def masked_lm_head(dense: str, norm: str, decoder: str, tied: dict) -> EncoderHead:
     """A format's MLM head under its own module names: dense, activation, LayerNorm, and the decoder tied to the
     word embeddings (its bias kept) -- BERT's head, which is our `VanillaLMHead`. `tied`: see `EncoderHead`."""
-    return EncoderHead(VanillaEncoderForMaskedLM, "ForMaskedLM",
-                       table=((dense, "lm_head.dense"), (norm, "lm_head.norm"), (decoder, "lm_head.decoder")),
-                       tied=tied)
+    return EncoderHead("ForMaskedLM", table=((dense, "lm_head.dense"), (norm, "lm_head.norm"),
+                                             (decoder, "lm_head.decoder")), tied=tied)
 
 
 # The task heads every BERT-family format names as BERT does (`classifier`, `qa_outputs`), as ours do.
 TASK_HEADS = {
-    "token-classification": EncoderHead(
-        VanillaEncoderForTokenClassification, "ForTokenClassification", table=(("classifier", "classifier"),)
-    ),
-    "question-answering": EncoderHead(
-        VanillaEncoderForQuestionAnswering, "ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)
-    ),
+    "token-classification": EncoderHead("ForTokenClassification", table=(("classifier", "classifier"),)),
+    "question-answering": EncoderHead("ForQuestionAnswering", table=(("qa_outputs", "qa_outputs"),)),
 }
 
 # transformers' classes of the family that a format without the matching head refuses, and why (`EncoderFormat`).
@@ -148,7 +128,8 @@ class EncoderFormat:
             head models keep the encoder (`prefix`).
         encoder_table: source module -> ours within the base model, `{i}` marking the layer. A row whose target is
             "pooler" is used only by heads that read the pooler (the base model's, when the checkpoint has one).
-        heads: head name (the --head choice) -> `EncoderHead`.
+        heads: head name (the --head choice) -> `EncoderHead`: the heads hf_vanilla/heads.py declares for this
+            format (its `formats`), each converting to the class declared there.
         vanilla_config: (full source config dict, head) -> `VanillaEncoderConfig`; raises `ConversionError`.
         source_config: (`VanillaEncoderConfig`, head, model_type) -> the transformers config; raises
             `ConversionError` for what the format cannot express beyond `fixed_values` and what every format checks.
@@ -181,17 +162,20 @@ class EncoderFormat:
     limitations: str = ""
 
     def __post_init__(self):
-        """`heads` must be the heads hf_vanilla/heads.py declares for this format (what the command line offers),
-        each holding the class declared for it: a head added to one and not the other fails here, on import."""
+        """`heads` must be the heads hf_vanilla/heads.py declares for this format (what the command line offers): a
+        head added to one and not the other fails here, on import."""
         declared = converter_heads(self.name)
-        wrong = [f"{head} -> {spec.model_class.__name__}" for head, spec in self.heads.items()
-                 if head in declared and spec.model_class.__name__ != class_for_head(head)]
-        if set(self.heads) != set(declared) or wrong:
+        if set(self.heads) != set(declared):
             raise TypeError(f"The {self.title} format's heads {sorted(self.heads)} are not those hf_vanilla/heads.py "
-                            f"declares for {self.name!r}, {sorted(declared)}, or hold another class ({wrong}): "
-                            f"declare each head once there, with its `formats`.")
+                            f"declares for {self.name!r}, {sorted(declared)}: declare each head once there, with "
+                            f"its `formats`.")
 
     # ---- names and tables ----
+
+    @staticmethod
+    def model_class(head: str) -> type:
+        """The vanilla class that `head` converts to, as hf_vanilla/heads.py declares it."""
+        return getattr(modeling_vanilla, class_for_head(head))
 
     @staticmethod
     def class_prefix(model_type: str) -> str:
@@ -212,8 +196,9 @@ class EncoderFormat:
         return self.source_class(self.model_types[0], "base").base_model_prefix + "."
 
     def reads_pooler(self, head: str) -> bool:
-        """Whether `head` keeps the source's pooler: the base model (when it has one) and heads that read it."""
-        return head == "base" or self.heads[head].model_class.uses_pooler
+        """Whether `head` keeps the source's pooler: the base model (when it has one) and heads whose class reads it
+        (`uses_pooler`); for the others it is left out."""
+        return head == "base" or self.model_class(head).uses_pooler
 
     def head_for(self, source_config: dict, requested: str, tensors: dict) -> str:
         """The head to build: as requested, else as the source's `architectures` says (see `mislabelled`)."""
@@ -295,8 +280,9 @@ class EncoderFormat:
         table = self.key_table(config.num_hidden_layers, head)
         mapped, unknown = map_tensors(normalised, table, self.dropped_keys(head))
         unknown = [checkpoint_names.get(key, key) for key in unknown]
-        model = build_model(spec.model_class, config, mapped, unknown, source_namer(table, checkpoint_names))
-        model.config.architectures = [spec.model_class.__name__]
+        model_class = self.model_class(head)
+        model = build_model(model_class, config, mapped, unknown, source_namer(table, checkpoint_names))
+        model.config.architectures = [model_class.__name__]
         return model
 
     def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str):
@@ -354,16 +340,16 @@ class EncoderFormat:
             config.check_architecture()
         except (ValueError, TypeError, StrictDataclassError) as error:
             raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
-        architecture = (config.architectures or [VanillaEncoderModel.__name__])[0]
-        head = next((h for h, spec in self.heads.items() if spec.model_class.__name__ == architecture), None)
+        architecture = (config.architectures or [class_for_head("base")])[0]
+        head = next((h for h in self.heads if class_for_head(h) == architecture), None)
         if head is None:
             raise ConversionError(
                 f"{source_dir} is a {architecture!r}, which has no {self.title} counterpart; to-{self.name} converts "
-                f"{sorted(spec.model_class.__name__ for spec in self.heads.values())}."
+                f"{sorted(class_for_head(h) for h in self.heads)}."
             )
-        spec, model_type = self.heads[head], model_type or self.model_types[0]
+        model_class, model_type = self.model_class(head), model_type or self.model_types[0]
         source_class = self.source_class(model_type, head)
-        tied = spec.model_class._tied_weights_keys or {}
+        tied = model_class._tied_weights_keys or {}
         needed = {
             "position_embedding_type": ("learned", f"{self.title} learns its position embeddings"),
             "pre_norm": (False, f"{self.title} normalises after each residual sum (post-LN)"),
@@ -392,17 +378,17 @@ class EncoderFormat:
         # Checkpoints converted before heads stopped building an unread pooler have one.
         dropped = {} if self.reads_pooler(head) else {"model.pooler.": f"{source_class.__name__} has no pooler"}
         mapped, unknown = map_tensors(ours, inverse, dropped)
-        model_class = source_class
+        build_class = source_class
         if "add_pooling_layer" in inspect.signature(source_class.__init__).parameters:
-            model_class = partial(source_class, add_pooling_layer=config.use_pooler)
-        model = build_model(model_class, target_config, mapped, unknown, source_namer(inverse))
+            build_class = partial(source_class, add_pooling_layer=config.use_pooler)
+        model = build_model(build_class, target_config, mapped, unknown, source_namer(inverse))
         if dtype is not None:
             cast_for_saving(model, dtype)
 
         def verify(staging):  # what a user will do: load the written folder with transformers alone, as saved
             print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch, "
                   f"{PRECISION_NAMES[model.dtype]}):")
-            reference = reference_model(spec.model_class, tensors, source_dir)
+            reference = reference_model(model_class, tensors, source_dir)
             written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=model.dtype)
             return compare(reference, written.eval())
 

@@ -4,7 +4,8 @@ The command's front: which model and outputs a checkpoint exports as, the checks
 themselves come from hf_vanilla/export.py (`torch.onnx.export(..., dynamo=True)`, dynamic batch and sequence axes,
 the signatures of both graph kinds). The tokenizer is written next to the graphs, and the graphs are checked with
 ONNX Runtime on a padded batch of another shape than the one traced: the max |difference| against the PyTorch model
-is printed, and anything over the tolerance (1e-4) is an error (exit status 2, nothing written).
+is printed, and anything beyond the converters' parity rule (parity.py: 1e-5 x max(1, |output|) in float32) is an error
+(exit status 2, nothing written).
 
 Encoder tasks export one graph, `model.onnx`, with the task's outputs:
     feature-extraction     last_hidden_state (B, T, E)
@@ -21,38 +22,26 @@ from pathlib import Path
 
 import torch
 
+from .. import modeling_vanilla
 from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
-from .common import (
-    TOKENIZER_FILES,
-    ConversionError,
-    atomic_output,
-    copy_side_files,
-    load_tensors,
-    max_differences,
-    read_config,
-    require_model_type,
-    resolve_source,
-    verification_batch,
-)
+from ..heads import export_tasks
+from .errors import ConversionError
+from .output import atomic_output
+from .parity import check, require_parity, rule, verification_batch
+from .reading import load_tensors, read_config, require_model_type, resolve_source
+from .writing import TOKENIZER_FILES, copy_side_files
 
-TOLERANCE = 1e-4  # fp32, ONNX Runtime's kernels against PyTorch's: fused and reordered sums round differently
-
-# task -> (Auto class name, graph outputs)
-TASKS = {
-    "feature-extraction": ("AutoModel", ("last_hidden_state",)),
-    "fill-mask": ("AutoModelForMaskedLM", ("logits",)),
-    "text-classification": ("AutoModelForSequenceClassification", ("logits",)),
-    "token-classification": ("AutoModelForTokenClassification", ("logits",)),
-    "question-answering": ("AutoModelForQuestionAnswering", ("start_logits", "end_logits")),
-    "seq2seq": ("AutoModelForSeq2SeqLM", ()),
-}
-ARCHITECTURE_TASKS = {
-    "VanillaEncoderModel": "feature-extraction",
-    "VanillaEncoderForMaskedLM": "fill-mask",
-    "VanillaEncoderForSequenceClassification": "text-classification",
-    "VanillaEncoderForTokenClassification": "token-classification",
-    "VanillaEncoderForQuestionAnswering": "question-answering",
-    "VanillaSeq2SeqForConditionalGeneration": "seq2seq",
+# Which class exports as which task is declared once, in hf_vanilla/heads.py (`export_task`): class name -> task.
+ARCHITECTURE_TASKS = export_tasks()
+# task -> the graph's outputs. seq2seq exports two graphs, the encoder's states and one decoding step, whose outputs
+# `export_decoder_step` fixes.
+OUTPUTS = {
+    "feature-extraction": ("last_hidden_state",),
+    "fill-mask": ("logits",),
+    "text-classification": ("logits",),
+    "token-classification": ("logits",),
+    "question-answering": ("start_logits", "end_logits"),
+    "seq2seq": (),
 }
 SEQ2SEQ_STEPS = 4  # decoding steps checked against PyTorch
 
@@ -97,29 +86,26 @@ def _run(session, feeds: dict) -> list[torch.Tensor]:
     return [torch.from_numpy(out) for out in session.run(None, arrays)]
 
 
-def verify_encoder(model, path: Path, input_names: list[str], output_names: tuple[str, ...],
-                   tolerance: float = TOLERANCE) -> float:
-    """ONNX Runtime vs PyTorch on a padded batch of another shape than the traced one; real tokens only."""
+def verify_encoder(model, path: Path, input_names: list[str], output_names: tuple[str, ...]) -> None:
+    """ONNX Runtime vs PyTorch on a padded batch of another shape than the traced one, by the parity rule at real
+    tokens (`parity.check`): ONNX Runtime's kernels fuse and reorder sums as another PyTorch kernel would."""
     batch = sample_inputs(model.config, input_names, batch_size=3, length=24, seed=0)
     with torch.no_grad():
         reference = EncoderGraph(model, output_names).eval()(**batch)
     outputs = _run(_session(path), batch)
-    worst = 0.0
+    ok, worst = True, 0.0
     for name, ref, out in zip(output_names, reference, outputs, strict=True):
         if tuple(out.shape) != tuple(ref.shape):
             raise ConversionError(f"ONNX output {name} has shape {tuple(out.shape)}, PyTorch {tuple(ref.shape)}.")
-        per_token = ref.dim() >= 2 and ref.shape[1] == batch["input_ids"].shape[1]
-        diff = max_differences((ref,), (out,), batch["attention_mask"] if per_token else None)[0]
-        print(f"  {name} {tuple(out.shape)}: max |diff| = {diff:.3e}")
-        worst = max(worst, diff)
-    _check(worst, tolerance)
-    return worst
+        within, diff = check(f"{name} {tuple(out.shape)}", ref, out, batch["attention_mask"], torch.float32)
+        ok, worst = ok and within, max(worst, diff)
+    require_parity(ok, _summary(worst, "padded batch"))
 
 
 def verify_seq2seq(model, encoder_path: Path, decoder_path: Path, input_names: list[str],
-                   tolerance: float = TOLERANCE, steps: int = SEQ2SEQ_STEPS) -> float:
+                   steps: int = SEQ2SEQ_STEPS) -> None:
     """Encoder output, then `steps` decoding steps fed back through the ONNX cache, against PyTorch's logits for
-    the whole target at once (no cache): this checks the cache handling too."""
+    the whole target at once (no cache), by the parity rule: this checks the cache handling too."""
     config = model.config
     batch = sample_inputs(config, input_names, batch_size=3, length=24, seed=0)
     generator = torch.Generator().manual_seed(0)
@@ -129,31 +115,27 @@ def verify_seq2seq(model, encoder_path: Path, decoder_path: Path, input_names: l
         reference_states = model.get_encoder()(**batch).last_hidden_state
         reference_logits = model(**batch, decoder_input_ids=targets, use_cache=False).logits  # (B, steps, V)
     (states,) = _run(_session(encoder_path), batch)
-    encoder_diff = max_differences((reference_states,), (states,), batch["attention_mask"])[0]
-    print(f"  encoder last_hidden_state {tuple(states.shape)}: max |diff| = {encoder_diff:.3e}")
+    encoder_ok, encoder_diff = check(f"encoder last_hidden_state {tuple(states.shape)}", reference_states, states,
+                                     batch["attention_mask"], torch.float32)
 
     decoder = _session(decoder_path)
     heads, width = config.decoder_attention_heads, config.hidden_size
     names = past_names(config.decoder_layers)
     past = {name: torch.zeros(3, heads, 0, width // heads) for name in names}
-    logits_diff = 0.0
+    step_logits = []
     for step in range(steps):
         logits, *present = _run(decoder, {"input_ids": targets[:, step:step + 1], "encoder_hidden_states": states,
                                           "encoder_attention_mask": batch["attention_mask"], **past})
-        logits_diff = max(logits_diff, (logits[:, 0] - reference_logits[:, step]).abs().max().item())
+        step_logits.append(logits)  # (B, 1, V)
         past = dict(zip(names, present))
-    print(f"  decoder logits over {steps} cached steps: max |diff| = {logits_diff:.3e}")
-    worst = max(encoder_diff, logits_diff)
-    _check(worst, tolerance)
-    return worst
+    # Every target token is real: no mask.
+    logits_ok, logits_diff = check(f"decoder logits over {steps} cached steps", reference_logits,
+                                   torch.cat(step_logits, dim=1), None, torch.float32)
+    require_parity(encoder_ok and logits_ok, _summary(max(encoder_diff, logits_diff), "padded batch, cached steps"))
 
 
-def _check(worst: float, tolerance: float) -> None:
-    if not worst <= tolerance:  # also catches NaN
-        raise ConversionError(
-            f"ONNX Runtime differs from PyTorch by {worst:.3e} > {tolerance:g}; nothing was written."
-        )
-    print(f"  OK: max |diff| {worst:.3e} <= {tolerance:g}")
+def _summary(worst: float, inputs: str) -> str:
+    return f"ONNX Runtime against PyTorch: max |diff| {worst:.3e} (fp32, {inputs}; {rule(torch.float32)})"
 
 
 # ---- the command ------------------------------------------------------------------------------------------------
@@ -178,12 +160,10 @@ def load_model(source_dir: Path, task: str):
     (transformers would initialise it randomly and the export would be meaningless)."""
     import transformers
 
-    from hf_vanilla import AUTO_CLASSES
-
     # The weights are read by the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors
     # there), then placed by transformers' own loader, which takes them with the config instead of a path.
     config = transformers.AutoConfig.from_pretrained(source_dir)
-    model_class = AUTO_CLASSES[type(config)][getattr(transformers, TASKS[task][0])]
+    model_class = getattr(modeling_vanilla, next(name for name, t in ARCHITECTURE_TASKS.items() if t == task))
     options = {}
     if (source_dir / "generation_config.json").is_file():
         options["generation_config"] = transformers.GenerationConfig.from_pretrained(source_dir)
@@ -217,7 +197,7 @@ def task_for(config: dict, requested: str, source_dir: Path) -> str:
     return requested
 
 
-def convert(source: str, output: str, task: str = "auto", force: bool = False, tolerance: float = TOLERANCE) -> Path:
+def convert(source: str, output: str, task: str = "auto", force: bool = False) -> Path:
     """Vanilla checkpoint directory -> a directory of ONNX graph(s), config, tokenizer. Returns the output path."""
     require_exporter()
     source_dir = resolve_source(source)
@@ -231,14 +211,13 @@ def convert(source: str, output: str, task: str = "auto", force: bool = False, t
             export_encoder(model.get_encoder(), staging / "encoder_model.onnx", input_names, ("last_hidden_state",))
             export_decoder_step(model, staging / "decoder_model.onnx")
             print("Verifying with ONNX Runtime against PyTorch (padded batch, cached decoding steps):")
-            verify_seq2seq(model, staging / "encoder_model.onnx", staging / "decoder_model.onnx", input_names,
-                           tolerance)
+            verify_seq2seq(model, staging / "encoder_model.onnx", staging / "decoder_model.onnx", input_names)
             model.generation_config.save_pretrained(staging)
         else:
-            output_names = TASKS[task][1]
+            output_names = OUTPUTS[task]
             export_encoder(model, staging / "model.onnx", input_names, output_names)
             print("Verifying with ONNX Runtime against PyTorch (padded batch):")
-            verify_encoder(model, staging / "model.onnx", input_names, output_names, tolerance)
+            verify_encoder(model, staging / "model.onnx", input_names, output_names)
         model.config.save_pretrained(staging)
         copy_side_files(source_dir, staging, TOKENIZER_FILES, folders=())
     return Path(output)

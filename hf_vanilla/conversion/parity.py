@@ -95,6 +95,20 @@ def reference_model(model_class, tensors: dict, source_dir: Path | None = None, 
     return reference.eval()
 
 
+def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
+    """Random ids, right-padded rows of different lengths, two segments when the model has token types."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, config.vocab_size, (batch_size, length), generator=generator)
+    lengths = torch.tensor([length, length * 2 // 3, length // 3])[:batch_size]
+    attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if getattr(config, "type_vocab_size", 0) > 1:  # DistilBERT's config has no token types at all
+        second = (torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)
+        batch["token_type_ids"] = second.long()
+    return batch
+
+
 def check(name: str, expected, actual, mask: torch.Tensor | None, dtype: torch.dtype) -> tuple[bool, float]:
     """`actual` against `expected` by the rule, at the positions where `mask` is 1 for outputs shaped like it, (B, T,
     ...), everywhere for the others (a pooled or per-sequence output). Either may be a tuple, one tensor per layer:

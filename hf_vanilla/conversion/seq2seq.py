@@ -8,12 +8,11 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla import VanillaSeq2SeqConfig
-
-from .common import TOKENIZER_FILES, copy_side_files, save_checkpoint
+from ..configuration_vanilla import VanillaSeq2SeqConfig
 from .errors import ConversionError
 from .mapping import expand_table
 from .parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
+from .writing import TOKENIZER_FILES, copy_side_files, save_checkpoint
 
 # ---- fairseq's layout: BART and Marian ----------------------------------------------------------------------
 
@@ -185,16 +184,16 @@ def save_seq2seq(model, directory: Path, source_dir: Path, tokenizer_class: str,
 # ---- verification ----------------------------------------------------------------------------------------------
 
 
-def verifier(reference_class: str, tensors: dict, source_dir: Path, with_token_types: bool = False):
+def verifier(reference_class: str, tensors: dict, source_dir: Path, **options):
     """`verify` for `write_conversion`: transformers' `reference_class`, holding the source's `tensors`, against ours
-    (`verify_seq2seq`)."""
+    (`verify_seq2seq`, with `options`)."""
 
     def verify(model) -> tuple[bool, str]:
         import transformers
 
         reference = reference_model(getattr(transformers, reference_class), tensors, source_dir)
         print(f"Verifying against transformers' {reference_class} (eager attention, padded batches):")
-        return verify_seq2seq(reference, model, with_token_types=with_token_types)
+        return verify_seq2seq(reference, model, **options)
 
     return verify
 

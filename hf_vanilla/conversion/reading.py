@@ -1,39 +1,20 @@
-"""Reading a source and writing the output, which every converter shares: find the source, read its config and
-tensors without running its code, check its tokenizer; write the converted model atomically (output.py) with its
-side files and model card; and the inputs a verification feeds.
+"""Reading a source checkpoint without running its code: find it (a folder, or a Hub id to download), read its
+config (refused unless its model_type is one the converter reads) and its tensors (safetensors, or a pickle through
+`torch.load(weights_only=True)`; sharded or not; NaN and Inf refused), and check its tokenizer against the embeddings.
 
-Key mapping is mapping.py, building building.py, the parity rule parity.py, the BERT-family flow encoder_format.py.
-Reading and writing are to become reading.py and writing.py once the ONNX export (onnx_export.py, which imports
-them from here, with `max_differences`) has moved to hf_vanilla/export.py.
+Every converter, in both directions, and the ONNX export read their sources here (writing.py writes the outputs).
 """
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import torch
 
 from .errors import ConversionError
-from .output import atomic_output
-from .parity import require_parity
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-# Files copied next to converted weights when the source has them: tokenizers of every family we read, and the
-# sentence-transformers configuration (pooling, normalisation, max_seq_length), which would otherwise silently change.
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
-    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm",
-    "target_vocab.json",  # Marian models with separate source and target vocabularies
-)
-# Those of them that hold a vocabulary: a source with none of these has no tokenizer to check.
+# The tokenizer files that hold a vocabulary: a source with none of these has no tokenizer to check.
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
-SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
-SENTENCE_TRANSFORMERS_DIRS = ("1_Pooling", "2_Normalize", "2_Dense", "3_Normalize")
-
-
-# ---- reading the source ---------------------------------------------------------------------------------------
 
 
 def resolve_source(source: str) -> Path:
@@ -249,135 +230,3 @@ def check_tokenizer(source_dir: Path, vocab_size: int) -> None:
     if size < vocab_size:
         print(f"Note: the tokenizer has {size} tokens for {vocab_size} embedding rows; the last {vocab_size - size} "
               f"rows are never looked up by it (a table padded to a round size, or unused entries).")
-
-
-# ---- writing the output -----------------------------------------------------------------------------------------
-
-
-def write_conversion(output: str, force: bool, source: str, source_dir: Path, build, verify, save, title: str,
-                     command: str, notes: str = "", dtype: str = "float32") -> Path:
-    """How every source -> vanilla converter ends, inside `atomic_output` (so nothing is written unless every step
-    passes): `build()` the model, check the source's tokenizer against its vocabulary, `verify(model)` -> (ok,
-    summary) in float32 unless `verify` is None (--no-verify), cast it to `dtype` (`cast_for_saving`) and, for a half
-    precision, `verify` it again as it will be saved, `save(model, directory)`, and a model card that records
-    `command`, the parity summaries and `notes`. The float32 check compares the conversion exactly; the second what is
-    written, in the dtype it runs in."""
-    with atomic_output(output, force, sources=(source_dir,)) as staging:
-        model = build()
-        check_tokenizer(source_dir, model.config.vocab_size)
-        parity = "Not verified (--no-verify)."
-        if verify is not None:
-            ok, parity = verify(model.float())
-            require_parity(ok, parity)
-        cast_for_saving(model, dtype)
-        if verify is not None and dtype != "float32":
-            print(f"Verifying the model as saved, in {dtype}:")
-            ok, saved = verify(model)
-            require_parity(ok, saved)
-            parity = f"{parity}\n\nAs saved ({dtype}): {saved}"
-        save(model, staging)
-        write_model_card(staging, title, source, command, f"{parity}\n\n{notes}".strip())
-    return Path(output)
-
-
-def cast_for_saving(model, dtype: str) -> None:
-    """Cast `model` to `dtype`, refused if a weight becomes Inf: the source's weights are finite (`load_tensors`), but
-    one beyond float16's range (65504) is Inf in float16, and the saved model would compute Inf and NaN."""
-    model.to(DTYPES[dtype])
-    bad = [name for name, tensor in model.state_dict().items() if not all_finite(tensor)]
-    if bad:
-        raise ConversionError(
-            f"In {dtype} {len(bad)} tensors would hold Inf or NaN (values beyond its range, "
-            f"±{torch.finfo(DTYPES[dtype]).max:.0f}): {bad[:10]}. Convert with --dtype float32 or bfloat16 (which "
-            f"keeps float32's range), or check the source's weights."
-        )
-
-
-def save_checkpoint(model, directory: Path, source_dir: Path | None) -> None:
-    """Save weights (safetensors, in the model's dtype: `cast_for_saving`), config with a full `auto_map`, our code
-    files for `trust_remote_code`, and the source's tokenizer and sentence-transformers files."""
-    from hf_vanilla import AUTO_CLASSES
-
-    config_class = type(model.config)
-    auto_map = {"AutoConfig": f"configuration_vanilla.{config_class.__name__}"}
-    for auto_class, model_class in AUTO_CLASSES[config_class].items():
-        auto_map[auto_class.__name__] = f"modeling_vanilla.{model_class.__name__}"
-    # `import hf_vanilla` registered every class for its Auto class, so save_pretrained copies configuration_vanilla.py
-    # and modeling_vanilla.py next to the weights; it records only the saved class, so the full map (every task
-    # class) is set afterwards.
-    model.save_pretrained(directory)
-    config_path = directory / "config.json"
-    config = json.loads(config_path.read_text())
-    config["auto_map"] = auto_map
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if source_dir is not None:
-        copy_side_files(source_dir, directory)
-
-
-def copy_side_files(source_dir: Path, directory: Path, names=TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES,
-                    folders=SENTENCE_TRANSFORMERS_DIRS) -> list[str]:
-    """Copy the files `names` and the folders `folders` that the source has; returns the file names copied.
-
-    Contents only (`shutil.copyfile`), not the source's permission bits: the output follows the umask, as the
-    files `save_pretrained` writes do."""
-    copied = [name for name in names if (source_dir / name).is_file()]
-    for name in copied:
-        shutil.copyfile(source_dir / name, directory / name)
-    for name in folders:
-        if (source_dir / name).is_dir():
-            (directory / name).mkdir()
-            for path in sorted((source_dir / name).rglob("*")):  # not copytree: it copies the folders' modes
-                target = directory / path.relative_to(source_dir)
-                target.mkdir() if path.is_dir() else shutil.copyfile(path, target)
-    return copied
-
-
-def write_model_card(directory: Path, title: str, source: str, command: str, parity: str) -> None:
-    (directory / "README.md").write_text(
-        f"---\nlibrary_name: transformers\ntags:\n- hf_vanilla\n---\n\n# {title}\n\n"
-        f"Converted with [hf_vanilla](https://github.com/hf-vanilla/hf_vanilla) from `{source}`:\n\n"
-        f"```\n{command}\n```\n\n## Parity\n\n{parity}\n\n## Loading\n\n"
-        f"```python\nimport hf_vanilla  # registers the model classes\nfrom transformers import AutoModel\n"
-        f"model = AutoModel.from_pretrained(PATH)\n# or, without hf_vanilla installed (runs the code files saved "
-        f"here):\nmodel = AutoModel.from_pretrained(PATH, trust_remote_code=True)\n```\n"
-    )
-
-
-def write_source_format(output: str, force: bool, source_dir: Path, model, verify=None) -> Path:
-    """How every vanilla -> transformers converter ends: the source's tokenizer checked against the model's
-    vocabulary, then inside `atomic_output` (whose `sources` guard keeps the source out of reach): the model saved
-    with transformers, the source's tokenizer and side files copied, and `verify(directory)` -> (ok, summary) run on
-    the written folder unless `verify` is None (--no-verify)."""
-    check_tokenizer(source_dir, model.config.vocab_size)
-    with atomic_output(output, force, sources=(source_dir,)) as staging:
-        model.save_pretrained(staging)
-        copy_side_files(source_dir, staging)
-        if verify is not None:
-            require_parity(*verify(staging))
-    return Path(output)
-
-
-# ---- inputs for verification ----------------------------------------------------------------------------------
-
-
-def verification_batch(config, batch_size: int = 3, length: int = 24, seed: int = 0) -> dict:
-    """Random ids, right-padded rows of different lengths, two segments when the model has token types."""
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(5, config.vocab_size, (batch_size, length), generator=generator)
-    lengths = torch.tensor([length, length * 2 // 3, length // 3])[:batch_size]
-    attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
-    input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id or 0)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if getattr(config, "type_vocab_size", 0) > 1:  # DistilBERT's config has no token types at all
-        second = (torch.arange(length)[None, :] >= lengths[:, None] // 2) & (attention_mask == 1)
-        batch["token_type_ids"] = second.long()
-    return batch
-
-
-def max_differences(reference: tuple, ours: tuple, mask: torch.Tensor | None) -> list[float]:
-    """Per-layer max |difference|, over real tokens only (padding positions carry no meaning)."""
-    diffs = []
-    for ref, out in zip(reference, ours, strict=True):
-        delta = (ref.float() - out.float()).abs()
-        diffs.append((delta[mask.bool()] if mask is not None else delta).max().item())
-    return diffs

@@ -1,0 +1,130 @@
+"""Writing a converted model: how every conversion ends, inside `atomic_output` (output.py), so that nothing is
+written unless every step passes: the model cast to the saved dtype (refused if a weight overflows it), saved with a
+full `auto_map` and our code files, the source's tokenizer and side files copied next to it, and a model card that
+records the command and the parity summary. The reverse conversions (vanilla -> transformers) end here too.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..auto import AUTO_CLASSES
+from .errors import ConversionError
+from .output import atomic_output
+from .parity import require_parity
+from .reading import all_finite, check_tokenizer
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Files copied next to converted weights when the source has them: tokenizers of every family we read, and the
+# sentence-transformers configuration (pooling, normalisation, max_seq_length), which would otherwise silently change.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm",
+    "target_vocab.json",  # Marian models with separate source and target vocabularies
+)
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+SENTENCE_TRANSFORMERS_DIRS = ("1_Pooling", "2_Normalize", "2_Dense", "3_Normalize")
+
+
+def write_conversion(output: str, force: bool, source: str, source_dir: Path, build, verify, save, title: str,
+                     command: str, notes: str = "", dtype: str = "float32") -> Path:
+    """How every source -> vanilla converter ends, inside `atomic_output` (so nothing is written unless every step
+    passes): `build()` the model, check the source's tokenizer against its vocabulary, `verify(model)` -> (ok,
+    summary) in float32 unless `verify` is None (--no-verify), cast it to `dtype` (`cast_for_saving`) and, for a half
+    precision, `verify` it again as it will be saved, `save(model, directory)`, and a model card that records
+    `command`, the parity summaries and `notes`. The float32 check compares the conversion exactly; the second what is
+    written, in the dtype it runs in."""
+    with atomic_output(output, force, sources=(source_dir,)) as staging:
+        model = build()
+        check_tokenizer(source_dir, model.config.vocab_size)
+        parity = "Not verified (--no-verify)."
+        if verify is not None:
+            ok, parity = verify(model.float())
+            require_parity(ok, parity)
+        cast_for_saving(model, dtype)
+        if verify is not None and dtype != "float32":
+            print(f"Verifying the model as saved, in {dtype}:")
+            ok, saved = verify(model)
+            require_parity(ok, saved)
+            parity = f"{parity}\n\nAs saved ({dtype}): {saved}"
+        save(model, staging)
+        write_model_card(staging, title, source, command, f"{parity}\n\n{notes}".strip())
+    return Path(output)
+
+
+def cast_for_saving(model, dtype: str) -> None:
+    """Cast `model` to `dtype`, refused if a weight becomes Inf: the source's weights are finite (`load_tensors`), but
+    one beyond float16's range (65504) is Inf in float16, and the saved model would compute Inf and NaN."""
+    model.to(DTYPES[dtype])
+    bad = [name for name, tensor in model.state_dict().items() if not all_finite(tensor)]
+    if bad:
+        raise ConversionError(
+            f"In {dtype} {len(bad)} tensors would hold Inf or NaN (values beyond its range, "
+            f"±{torch.finfo(DTYPES[dtype]).max:.0f}): {bad[:10]}. Convert with --dtype float32 or bfloat16 (which "
+            f"keeps float32's range), or check the source's weights."
+        )
+
+
+def save_checkpoint(model, directory: Path, source_dir: Path | None) -> None:
+    """Save weights (safetensors, in the model's dtype: `cast_for_saving`), config with a full `auto_map`, our code
+    files for `trust_remote_code`, and the source's tokenizer and sentence-transformers files."""
+    config_class = type(model.config)
+    auto_map = {"AutoConfig": f"configuration_vanilla.{config_class.__name__}"}
+    for auto_class, model_class in AUTO_CLASSES[config_class].items():
+        auto_map[auto_class.__name__] = f"modeling_vanilla.{model_class.__name__}"
+    # `import hf_vanilla` registered every class for its Auto class, so save_pretrained copies configuration_vanilla.py
+    # and modeling_vanilla.py next to the weights; it records only the saved class, so the full map (every task
+    # class) is set afterwards.
+    model.save_pretrained(directory)
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["auto_map"] = auto_map
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if source_dir is not None:
+        copy_side_files(source_dir, directory)
+
+
+def copy_side_files(source_dir: Path, directory: Path, names=TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES,
+                    folders=SENTENCE_TRANSFORMERS_DIRS) -> list[str]:
+    """Copy the files `names` and the folders `folders` that the source has; returns the file names copied.
+
+    Contents only (`shutil.copyfile`), not the source's permission bits: the output follows the umask, as the
+    files `save_pretrained` writes do."""
+    copied = [name for name in names if (source_dir / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source_dir / name, directory / name)
+    for name in folders:
+        if (source_dir / name).is_dir():
+            (directory / name).mkdir()
+            for path in sorted((source_dir / name).rglob("*")):  # not copytree: it copies the folders' modes
+                target = directory / path.relative_to(source_dir)
+                target.mkdir() if path.is_dir() else shutil.copyfile(path, target)
+    return copied
+
+
+def write_model_card(directory: Path, title: str, source: str, command: str, parity: str) -> None:
+    (directory / "README.md").write_text(
+        f"---\nlibrary_name: transformers\ntags:\n- hf_vanilla\n---\n\n# {title}\n\n"
+        f"Converted with [hf_vanilla](https://github.com/hf-vanilla/hf_vanilla) from `{source}`:\n\n"
+        f"```\n{command}\n```\n\n## Parity\n\n{parity}\n\n## Loading\n\n"
+        f"```python\nimport hf_vanilla  # registers the model classes\nfrom transformers import AutoModel\n"
+        f"model = AutoModel.from_pretrained(PATH)\n# or, without hf_vanilla installed (runs the code files saved "
+        f"here):\nmodel = AutoModel.from_pretrained(PATH, trust_remote_code=True)\n```\n"
+    )
+
+
+def write_source_format(output: str, force: bool, source_dir: Path, model, verify=None) -> Path:
+    """How every vanilla -> transformers converter ends: the source's tokenizer checked against the model's
+    vocabulary, then inside `atomic_output` (whose `sources` guard keeps the source out of reach): the model saved
+    with transformers, the source's tokenizer and side files copied, and `verify(directory)` -> (ok, summary) run on
+    the written folder unless `verify` is None (--no-verify)."""
+    check_tokenizer(source_dir, model.config.vocab_size)
+    with atomic_output(output, force, sources=(source_dir,)) as staging:
+        model.save_pretrained(staging)
+        copy_side_files(source_dir, staging)
+        if verify is not None:
+            require_parity(*verify(staging))
+    return Path(output)
