@@ -115,10 +115,11 @@ class Int8Linear(nn.Module):
     quantization of x) costs more than int8 saves, the float32 projection runs instead, kept beside the int8 one.
     As in `kernels.VanillaLinear`, the choice is measured per key (in_features, out_features, rows rounded up to a
     power of two and capped at 1024, threads) on the first calls: they time int8, F.linear and (where kernels.py
-    would consider it) oneDNN in turn, each as the first to read its weight in its call, `CALIBRATION_CALLS` each,
-    and all return the int8 result. Then the key runs int8 only if the faster float32 kernel's median time is at
-    least `MIN_GAIN` times int8's; otherwise the float32 projection (its own measured kernel) runs, which is also
-    the more accurate answer. `int8_decisions()` shows what was decided.
+    would consider it) oneDNN in turn (per layer, after its first call, as `kernels.py` does), each as the first
+    to read its weight in its call, `CALIBRATION_CALLS` each, and all return the int8 result. Then the key runs
+    int8 only if the faster float32 kernel's median time is at least `MIN_GAIN` times int8's; otherwise the float32
+    projection (its own measured kernel) runs, which is also the more accurate answer. `int8_decisions()` shows
+    what was decided.
 
     Inference only: the int8 weight has no gradient, so a call that would need one raises.
     """
@@ -154,13 +155,22 @@ class Int8Linear(nn.Module):
         return self.int8(x) if use_int8 else self.float_linear(x)
 
     def _measure(self, key, x):
-        """One calibration call: the kernel with the fewest timed calls so far is timed; int8's result is returned."""
+        """One calibration call: int8's result, after timing one kernel, as `kernels.py` calibrates: not on the
+        layer's first call (first reads of a fresh weight), then the kernels in turn from one call of this layer
+        to its next, so that every kernel is timed at every place in the model."""
         weight, bias = self.float_linear.weight, self.float_linear.bias
         kernels = {"int8": self.int8, "F.linear": lambda x: nn.functional.linear(x, weight, bias)}
         if _onednn_considered(self.float_linear):
             kernels["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        calls = self.__dict__.get("_calibration_calls", 0)
+        self._calibration_calls = calls + 1
+        if not calls:
+            return self.int8(x)
         trials = _trials.setdefault(key, {name: [] for name in kernels})
-        name = min(trials, key=lambda name: len(trials[name]))
+        names = list(trials)
+        name = names[calls % len(names)]
+        if len(trials[name]) >= CALIBRATION_CALLS:  # this one has its timings: the one with the fewest instead
+            name = min(names, key=lambda name: len(trials[name]))
         start = time.perf_counter()
         result = kernels[name](x)
         trials[name].append(time.perf_counter() - start)
