@@ -15,6 +15,7 @@ Rounds of every engine in rotating order, 50 ms idle before each timed call (as 
 torch's thread count for every engine; median milliseconds per call, and the largest difference from PyTorch.
 """
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -103,4 +104,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
