@@ -30,7 +30,7 @@ Engines, each given the same number of threads (--threads, default 2):
     CT2             CTranslate2: `TransformersConverter` on the saved transformers checkpoint; `Encoder.forward_batch`
                     for encoders, `Translator.translate_batch` for Marian
 and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by default only where
-`hf_vanilla.precision.bf16_is_fast()` says the CPU multiplies bf16 natively, --precisions bf16 forces them) and
+`hf_vanilla.precision.bf16_is_fast()` says bf16 is faster here, --precisions bf16 forces them) and
 CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections,
 fbgemm's kernel, per-token activation scales).
 

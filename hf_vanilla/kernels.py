@@ -10,12 +10,17 @@ Which of the two is faster depends on the CPU, the shape, the number of rows, th
 Intel Xeon of issue 19, oneDNN lost 0.71x on MiniLM's 384 x 384 projections at 16 rows, where it gains on AMD, and
 no size threshold is right on both. So the choice is measured, per process, in the model (policy "measure", the
 default): for each key (in_features, out_features, rows rounded up to a power of two and capped at 1024, torch's
-thread count), the first 2 x `CALIBRATION_CALLS` eligible calls time the two kernels in turn and all return
+thread count), the eligible calls time the two kernels until each has `CALIBRATION_CALLS` timings, and all return
 F.linear's result; after them the key runs oneDNN only if F.linear's median time is at least `MIN_GAIN` times
 oneDNN's. The margin means noise can only leave a product on F.linear (the kernel transformers' BERT uses), never
 move it to a slower one. The timed kernel is always the first to read the weight in its call: inside a model the
 other layers' weights have passed through the cache since, and the calibration calls, being the model's own, see
-the weights as the model does. `decisions()` shows what was decided.
+the weights as the model does. Two things would time something else than the kernel, and are kept out: a layer's
+first call is not timed (its weight's first read after loading page-faults, and oneDNN builds its primitive for
+the shape then), and each layer alternates between the kernels from one call to its next, so that both are timed
+at every place in the model (alternating call by call within a forward timed oneDNN on every W^Q and W^V and
+F.linear on every W^K and W^O: on AMD Zen 4 that kept bert-base's 768 x 768 products at 16 rows on F.linear, 0.253
+against oneDNN's 0.193 ms, and the model at 41 ms a request instead of 32). `decisions()` shows what was decided.
 
 `HF_VANILLA_LINEAR_KERNEL` (read at import) or `kernels.POLICY` chooses another policy: "blas" (F.linear always:
 bit for bit nn.Linear) or "onednn" (oneDNN for every eligible product, without measuring: the tests use it to run
@@ -63,7 +68,7 @@ if POLICY not in POLICIES:
 # Below this many weights oneDNN's fixed cost per call (~12 us, against MKL's ~3) cannot be won back: 32 x 32 runs at
 # 0.2-0.3x on AMD Zen 4 at every row count. Not measured, so that tiny models pay nothing for calibration.
 MIN_WEIGHTS = 2**12
-CALIBRATION_CALLS = 6  # timed calls of each kernel: the first 12 eligible calls of a shape
+CALIBRATION_CALLS = 6  # timed calls of each kernel per shape
 MIN_GAIN = 1.05
 MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance.md)
 
@@ -92,12 +97,15 @@ def _key(x, weight) -> tuple:
     return in_features, out_features, min(1 << (rows - 1).bit_length(), MAX_ROWS_BUCKET), torch.get_num_threads()
 
 
-def _measure(key, x, weight, bias):
-    """One calibration call: alternately oneDNN or F.linear is timed, each as the first kernel to read the weight in
-    its call, as in the model (timing both on one call would time the second with the weight already in cache).
-    F.linear's output is returned either way."""
+def _measure(key, x, weight, bias, layer):
+    """One calibration call of `layer`: not timed if it is the layer's first, else oneDNN or F.linear, alternating
+    from one call of the layer to its next, is timed as the first kernel to read the weight in its call (as in the
+    model: timing both on one call would time the second with the weight already in cache). F.linear's output is
+    returned either way."""
+    calls = layer.__dict__.get("_calibration_calls", 0)
+    layer._calibration_calls = calls + 1
     trials = _trials.setdefault(key, {"blas": [], "onednn": []})
-    if len(trials["onednn"]) <= len(trials["blas"]):
+    if calls % 2 and len(trials["onednn"]) < CALIBRATION_CALLS:
         start = time.perf_counter()
         _onednn_linear(x, weight, bias)
         trials["onednn"].append(time.perf_counter() - start)
@@ -105,8 +113,9 @@ def _measure(key, x, weight, bias):
     else:
         start = time.perf_counter()
         result = nn.functional.linear(x, weight, bias)
-        trials["blas"].append(time.perf_counter() - start)
-    if len(trials["blas"]) >= CALIBRATION_CALLS:
+        if calls:
+            trials["blas"].append(time.perf_counter() - start)
+    if min(map(len, trials.values())) >= CALIBRATION_CALLS:
         _decisions[key] = statistics.median(trials["blas"]) >= MIN_GAIN * statistics.median(trials["onednn"])
         _trials.pop(key, None)
     return result
@@ -151,7 +160,7 @@ class VanillaLinear(nn.Linear):
             key = _key(x, weight)
             onednn = _decisions.get(key)
             if onednn is None:
-                return _measure(key, x, weight, bias)
+                return _measure(key, x, weight, bias, self)
             if onednn:
                 return _onednn_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)

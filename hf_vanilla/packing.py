@@ -3,9 +3,10 @@
 A padded batch of natural text is often two-thirds padding. Everything in a transformer layer but attention works
 on each position alone (embeddings, the Q/K/V/O projections, the feed-forward, LayerNorm), so it can run on the N
 real tokens of the batch laid end to end as one (N, E) tensor, and skip the padding entirely. Attention mixes
-positions, so it runs within each sequence: the rows are laid end to end shortest first, and neighbouring sequences
-of equal length are one (count, H, L, D) view of the packed tensor, without a copy, and share one kernel call, so a
-mostly full batch, or many sentences of a few lengths, costs a few calls rather than one per row. The result is scattered back to (B, T, E) once, at the end.
+positions, so it runs within each sequence: neighbouring sequences of equal length are one (count, H, L, D) view of
+the packed tensor, without a copy, and share one kernel call (the rows are laid end to end shortest first where that
+makes more of them neighbours), so a mostly full batch, or many sentences of a few lengths, costs a few calls rather
+than one per row. The result is scattered back to (B, T, E) once, at the end.
 
 What it guarantees: at every real token the output equals the padded computation's up to float32 rounding (the
 same sums over the same keys, in another kernel); padding positions come back as zeros. It is used only where
@@ -50,14 +51,18 @@ class PackedBatch:
     def __init__(self, attention_mask):
         self.batch_size, self.length = attention_mask.shape  # B, T
         keep = attention_mask.bool()
-        lengths = keep.sum(1)
-        # Rows laid end to end shortest first: rows of equal length become neighbours, and each run of neighbours is
-        # one attention call (attend_within_sequences). The 32 sentences of benchmarks/engines.py: 20 calls a layer,
-        # not 32.
-        order = torch.argsort(lengths, stable=True)
-        rows, columns = keep[order].nonzero().unbind(1)  # real tokens of the sorted rows, in order
-        self.indices = order[rows] * self.length + columns  # (N,): where they sit in the flattened batch
-        self.seq_lens = lengths[order].tolist()  # every row has a token: `can_pack` packs no row that starts with padding
+        lengths = keep.sum(1).tolist()  # every row has a token: `can_pack` packs no row that starts with padding
+        if len(set(lengths)) < sum(1 for _ in itertools.groupby(lengths)):
+            # Rows laid end to end shortest first: rows of equal length become neighbours, and each run of
+            # neighbours is one attention call (attend_within_sequences). The 32 sentences of benchmarks/engines.py:
+            # 20 calls a layer, not 32. Only where that merges calls: the reordering costs ~25 us a forward.
+            order = torch.tensor(sorted(range(self.batch_size), key=lengths.__getitem__), device=keep.device)
+            rows, columns = keep[order].nonzero().unbind(1)  # real tokens of the sorted rows, in order
+            self.indices = order[rows] * self.length + columns  # (N,): where they sit in the flattened batch
+            self.seq_lens = sorted(lengths)
+        else:  # equal lengths are neighbours already
+            self.indices = keep.flatten().nonzero().squeeze(1)
+            self.seq_lens = lengths
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...); None stays None."""

@@ -2,21 +2,24 @@
 
     from hf_vanilla.precision import bf16_is_fast, quantize_int8
 
-    if bf16_is_fast():                 # AMX or AVX-512 BF16 on this CPU (or a CUDA GPU with bf16)
+    if bf16_is_fast():                 # bf16 products in hardware, and measured faster here (or a CUDA GPU with bf16)
         model = model.to(torch.bfloat16)
     else:
         model = quantize_int8(model)   # int8 projections where measured faster, on any x86 CPU (inference only)
 
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
 A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every bf16 block to float32 and
-multiplies in float32, which is the float32 product plus the conversions. Measured (docs/performance.md): on an Intel
-Xeon with AVX-512 but no AMX, bf16 ran at 0.67-0.92x float32; on AMD Zen 3 (AVX2 only) at about half float32's
-speed (0.41-0.55x transformers fp32); with AVX-512 BF16 (AMD Zen 4) at 1.8-2.1x, with AMX (Intel Sapphire Rapids
-and later) at 2.9-4.1x. So the rule is the hardware's, read from the CPU (torch's cpuinfo check, /proc/cpuinfo as a
-fallback), not a measurement: it costs nothing and gives the same answer in every process.
+multiplies in float32, which is the float32 product plus the conversions (AMD Zen 3, AVX2 only: about half float32's
+speed). Having the instruction is not enough either: on issue 28's Intel Xeon, which has AVX-512 BF16 but no AMX,
+bf16 ran at 0.67-0.92x float32, while on AMD Zen 4, with the same AVX-512 BF16 and no AMX, it ran at 1.8-2.1x, and
+with AMX (Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance.md). No flag tells the Xeon from the Zen 4,
+so the rule is two steps: the capability, read from the CPU (torch's cpuinfo checks, /proc/cpuinfo as a fallback),
+which rules bf16 out for free where it can only be emulated; then, where the CPU has it, a measurement in this
+process (`bf16_measured_faster`: one feed-forward block of a transformer layer in both precisions, about a quarter
+of a second, once per process and thread count), which must find bf16 `BF16_MIN_GAIN` times faster.
 
 torch's own `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not this test: it is true on any AVX-512 CPU, where
-oneDNN can *run* bf16 (emulated), including the Xeon above where that is slower.
+oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
 """
 
 import statistics
@@ -47,12 +50,42 @@ def native_bf16_cpu() -> bool:
 
 def bf16_is_fast(device=None) -> bool:
     """Whether running a model in bfloat16 is faster than float32 on `device` (default: the CPU): a CPU with native
-    bf16 products (`native_bf16_cpu`), or a CUDA GPU that supports bf16. False everywhere else, where bf16 would only
-    cost accuracy and, on a CPU, time."""
+    bf16 products (`native_bf16_cpu`) where bf16 also measured faster in this process (`bf16_measured_faster`), or
+    a CUDA GPU that supports bf16. False everywhere else, where bf16 would only cost accuracy and, on a CPU, time."""
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and native_bf16_cpu()
+    return device.type == "cpu" and native_bf16_cpu() and bf16_measured_faster()
+
+
+BF16_MIN_GAIN = 1.15  # bf16 must be this much faster: noise can only leave float32 in place
+BF16_TRIALS = 7  # timed calls of each precision, interleaved
+_bf16_faster: dict[int, bool] = {}  # torch's thread count -> measured
+
+
+def bf16_measured_faster() -> bool:
+    """Whether bf16 runs a transformer's feed-forward block (128 tokens, E=768 -> 3072 -> 768, GELU, LayerNorm:
+    bert-base's shapes) at least `BF16_MIN_GAIN` times faster than float32 on this CPU, with torch's current
+    threads. Measured once per process and thread count: medians of `BF16_TRIALS` calls of each, interleaved."""
+    threads = torch.get_num_threads()
+    if threads not in _bf16_faster:
+        generator = torch.Generator().manual_seed(0)
+        x, up, down = (torch.randn(shape, generator=generator) * 0.05 for shape in ((128, 768), (3072, 768),
+                                                                                  (768, 3072)))
+        blocks = {dtype: (x.to(dtype), up.to(dtype), down.to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
+        seconds = {dtype: [] for dtype in blocks}
+        with torch.inference_mode():
+            for trial in range(BF16_TRIALS + 2):  # the first two of each warm the kernels up
+                for dtype, (tokens, w1, w2) in blocks.items():
+                    start = time.perf_counter()
+                    nn.functional.layer_norm(tokens + nn.functional.linear(nn.functional.gelu(
+                        nn.functional.linear(tokens, w1)), w2), (768,))
+                    elapsed = time.perf_counter() - start
+                    if trial >= 2:
+                        seconds[dtype].append(elapsed)
+        fp32, bf16 = (statistics.median(seconds[dtype]) for dtype in (torch.float32, torch.bfloat16))
+        _bf16_faster[threads] = fp32 >= BF16_MIN_GAIN * bf16
+    return _bf16_faster[threads]
 
 
 # ---- int8 ---------------------------------------------------------------------------------------------------------
@@ -82,10 +115,11 @@ class Int8Linear(nn.Module):
     quantization of x) costs more than int8 saves, the float32 projection runs instead, kept beside the int8 one.
     As in `kernels.VanillaLinear`, the choice is measured per key (in_features, out_features, rows rounded up to a
     power of two and capped at 1024, threads) on the first calls: they time int8, F.linear and (where kernels.py
-    would consider it) oneDNN in turn, each as the first to read its weight in its call, `CALIBRATION_CALLS` each,
-    and all return the int8 result. Then the key runs int8 only if the faster float32 kernel's median time is at
-    least `MIN_GAIN` times int8's; otherwise the float32 projection (its own measured kernel) runs, which is also
-    the more accurate answer. `int8_decisions()` shows what was decided.
+    would consider it) oneDNN in turn (per layer, after its first call, as `kernels.py` does), each as the first
+    to read its weight in its call, `CALIBRATION_CALLS` each, and all return the int8 result. Then the key runs
+    int8 only if the faster float32 kernel's median time is at least `MIN_GAIN` times int8's; otherwise the float32
+    projection (its own measured kernel) runs, which is also the more accurate answer. `int8_decisions()` shows
+    what was decided.
 
     Inference only: the int8 weight has no gradient, so a call that would need one raises.
     """
@@ -121,13 +155,22 @@ class Int8Linear(nn.Module):
         return self.int8(x) if use_int8 else self.float_linear(x)
 
     def _measure(self, key, x):
-        """One calibration call: the kernel with the fewest timed calls so far is timed; int8's result is returned."""
+        """One calibration call: int8's result, after timing one kernel, as `kernels.py` calibrates: not on the
+        layer's first call (first reads of a fresh weight), then the kernels in turn from one call of this layer
+        to its next, so that every kernel is timed at every place in the model."""
         weight, bias = self.float_linear.weight, self.float_linear.bias
         kernels = {"int8": self.int8, "F.linear": lambda x: nn.functional.linear(x, weight, bias)}
         if _onednn_considered(self.float_linear):
             kernels["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        calls = self.__dict__.get("_calibration_calls", 0)
+        self._calibration_calls = calls + 1
+        if not calls:
+            return self.int8(x)
         trials = _trials.setdefault(key, {name: [] for name in kernels})
-        name = min(trials, key=lambda name: len(trials[name]))
+        names = list(trials)
+        name = names[calls % len(names)]
+        if len(trials[name]) >= CALIBRATION_CALLS:  # this one has its timings: the one with the fewest instead
+            name = min(names, key=lambda name: len(trials[name]))
         start = time.perf_counter()
         result = kernels[name](x)
         trials[name].append(time.perf_counter() - start)
@@ -191,5 +234,5 @@ def quantize_int8(model):
     return model.eval()
 
 
-__all__ = ["Int8Linear", "bf16_is_fast", "cpu_flags", "forget_int8_decisions", "int8_decisions", "native_bf16_cpu",
-           "quantize_int8"]
+__all__ = ["Int8Linear", "bf16_is_fast", "bf16_measured_faster", "cpu_flags", "forget_int8_decisions",
+           "int8_decisions", "native_bf16_cpu", "quantize_int8"]

@@ -37,7 +37,7 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
     for name, tensor in ((ids_name, input_ids), (embeds_name, inputs_embeds), (mask_name, attention_mask),
                          ("token_type_ids", token_type_ids), ("position_ids", position_ids),
                          ("encoder_outputs", encoder_hidden_states), ("attention_mask", encoder_attention_mask)):
-        if tensor is not None and tensor.device.type == "meta":
+        if tensor is not None and tensor.is_meta:
             raise ValueError(f"{name} is on the meta device, which holds shapes but no values: pass a tensor "
                              f"with its values (e.g. on the model's device, {name}.to(model.device) from real data).")
     if input_ids is not None:

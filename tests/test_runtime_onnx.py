@@ -18,12 +18,11 @@ Against transformers' own models on the same weights (small random BERTs with th
   or forged entry, or a directory in its place, is exported again; the folder comes from `runtime_options`, then
   $HF_VANILLA_ONNX_CACHE; a cache that cannot be written gives one warning and still runs ONNX Runtime; leftovers
   of dead exports are removed;
-- the registry: an unknown name or a missing extra is a one-line error; the engine modules import neither the
-  model code nor each other upward;
+- the registry: an unknown name or a missing extra is a one-line error (where the engines sit in the import graph:
+  tests/test_architecture.py);
 - the grouping of rows by length covers every row once, trimmed to each group's longest row.
 """
 
-import ast
 import copy
 import hashlib
 import os
@@ -530,40 +529,6 @@ def test_registry_errors_are_one_line(tmp_path_factory, minilm_path, monkeypatch
         with pytest.raises(ImportError) as caught:
             runtime_registry.apply_runtime(model, name)
         assert str(caught.value) == f"runtime={name!r} {message}"
-
-
-def imported_names(path: Path) -> set[str]:
-    """Every module a file imports, by statement or by name in a string ("module" or "module:function")."""
-    tree = ast.parse(path.read_text())
-    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base
-                                                                                                    else []))
-            names.update([base] + [f"{base}.{alias.name}" for alias in node.names])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("hf_vanilla."):
-            names.add(node.value.partition(":")[0])
-    return names
-
-
-def test_engines_sit_beside_the_model():
-    """The model finds its engines through the registry and never imports one; the engines receive the model and
-    never import its code; the registry, which travels with remote-code checkpoints, imports the standard library
-    only and names the engines it loads on request."""
-    model_code = {"hf_vanilla.modeling_vanilla", "hf_vanilla.configuration_vanilla"}
-    for path in [*(PACKAGE / "runtimes").glob("*.py"), PACKAGE / "export.py"]:
-        assert not imported_names(path) & model_code, path
-        assert not any(name.startswith("hf_vanilla.conversion") for name in imported_names(path)), path
-    registry = imported_names(PACKAGE / "runtime_registry.py")
-    assert {name for name in registry if not name.startswith("hf_vanilla.")} <= set(sys.stdlib_module_names)
-    assert {name for name in registry if name.startswith("hf_vanilla.")} == {"hf_vanilla.runtimes.onnxruntime"}
-    modeling = imported_names(PACKAGE / "modeling_vanilla.py")
-    assert "hf_vanilla.runtime_registry" in modeling and not any("runtimes" in name for name in modeling)
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])

@@ -1,0 +1,97 @@
+"""The house's rules, read from the source (shared/STYLE.md's layout; issue 27): the package's import graph has no
+circle and points downwards only, string imports counted; the model finds its engines through the registry and
+never imports one; the engines and the exporter never import the model's code or the converters."""
+
+import ast
+import sys
+from pathlib import Path
+
+import hf_vanilla
+
+PACKAGE = Path(hf_vanilla.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path, from_modules: bool = True) -> set[str]:
+    """Every module a file imports, by statement or by name in a string ("module" or "module:function").
+    `from m import n` gives "m.n", and "m" too unless `from_modules` is false (then "m.n" alone says which)."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    names = set(string_names(tree))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base
+                                                                                                    else []))
+            names.update(([base] if from_modules else []) + [f"{base}.{alias.name}" for alias in node.names])
+    return names
+
+
+def string_names(tree) -> set[str]:
+    """The "hf_vanilla.<module>" part of every string that starts so (an import by name, or just a name)."""
+    return {node.value.partition(":")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("hf_vanilla.")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """hf_vanilla module -> the hf_vanilla modules it imports: by statement (`from package import name` imports the
+    module `package.name` where there is one, else the package's `__init__`), or by a string that names a module
+    exactly (a registry's "module:function"; "hf_vanilla.cache_key" is a name, not an import)."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        strings = string_names(ast.parse(path.read_text()))
+        targets = {imported for imported in strings if imported in modules}
+        for imported in imported_names(path, from_modules=False) - strings:
+            while imported and imported not in modules:  # "pkg.module.function" -> "pkg.module"
+                imported = imported.rpartition(".")[0]
+            targets.add(imported)
+        graph[name] = targets - {"", name}
+    return graph
+
+
+def test_the_import_graph_has_no_circle_and_no_upward_import():
+    """A module never imports a package that holds it (hf_vanilla's `__init__`, or its own subpackage's), and no
+    chain of imports, string imports included, comes back to where it started. The package root is the one
+    exception by design: it loads the public modules lazily (PEP 562) and is imported by nothing inside."""
+    graph = import_graph()
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                    if name.startswith(target + "."))
+    assert not upward, upward
+    state, circles = {}, []
+
+    def visit(name, path):
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, circles
+
+
+def test_engines_sit_beside_the_model():
+    """The model finds its engines through the registry and never imports one; the engines receive the model and
+    never import its code; the registry, which travels with remote-code checkpoints, imports the standard library
+    only and names the engines it loads on request."""
+    model_code = {"hf_vanilla.modeling_vanilla", "hf_vanilla.configuration_vanilla"}
+    for path in [*(PACKAGE / "runtimes").glob("*.py"), PACKAGE / "export.py"]:
+        assert not imported_names(path) & model_code, path
+        assert not any(name.startswith("hf_vanilla.conversion") for name in imported_names(path)), path
+    registry = imported_names(PACKAGE / "runtime_registry.py")
+    assert {name for name in registry if not name.startswith("hf_vanilla.")} <= set(sys.stdlib_module_names)
+    assert {name for name in registry if name.startswith("hf_vanilla.")} == {"hf_vanilla.runtimes.onnxruntime"}
+    modeling = imported_names(PACKAGE / "modeling_vanilla.py")
+    assert "hf_vanilla.runtime_registry" in modeling and not any("runtimes" in name for name in modeling)
