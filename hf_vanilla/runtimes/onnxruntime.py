@@ -88,8 +88,10 @@ PROVIDERS = ["CPUExecutionProvider"]
 KEY_METADATA = "hf_vanilla.cache_key"
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
 CALL_COST_TOKENS = 32
-# The check at attach: a right-padded (2, PROBE_TOKENS) batch, both ways, within PROBE_TOLERANCE x max(1, |output|),
-# the export command's tolerance; a graph of other weights or another model is off by 1e-2 and more.
+# The check at attach: a right-padded (2, PROBE_TOKENS) batch, both ways, within PROBE_TOLERANCE x max(1, |output|).
+# It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
+# room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
+# runtime's answers to.
 PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 # Leftovers of an export whose process cannot be checked (another host, or an older hf_vanilla) go after a day.
 STALE_SECONDS = 24 * 3600
