@@ -39,6 +39,7 @@ import os
 import platform
 import statistics
 import time
+import weakref
 
 import torch
 from torch import nn
@@ -74,6 +75,9 @@ MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in do
 
 _decisions: dict[tuple, bool] = {}  # key -> run oneDNN
 _trials: dict[tuple, dict[str, list[float]]] = {}  # key -> seconds of each timed call so far, per kernel
+# layer -> its calibration calls so far. Kept here, not on the layer: an attribute that changes on every call would
+# change the module itself to whatever watches it (runtimes/onnxruntime.py's check that the model is as traced).
+_layer_calls: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
 
 
 def decisions() -> dict[tuple, bool]:
@@ -85,6 +89,7 @@ def forget_decisions() -> None:
     """Measure again from the next call (after changing threads or CPU affinity, or in tests)."""
     _decisions.clear()
     _trials.clear()
+    _layer_calls.clear()
 
 
 def _onednn_linear(x, weight, bias):
@@ -102,8 +107,8 @@ def _measure(key, x, weight, bias, layer):
     from one call of the layer to its next, is timed as the first kernel to read the weight in its call (as in the
     model: timing both on one call would time the second with the weight already in cache). F.linear's output is
     returned either way."""
-    calls = layer.__dict__.get("_calibration_calls", 0)
-    layer._calibration_calls = calls + 1
+    calls = _layer_calls.get(layer, 0)  # this layer's calibration calls before this one
+    _layer_calls[layer] = calls + 1
     trials = _trials.setdefault(key, {"blas": [], "onednn": []})
     if calls % 2 and len(trials["onednn"]) < CALIBRATION_CALLS:
         start = time.perf_counter()

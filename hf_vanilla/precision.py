@@ -25,6 +25,7 @@ oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
 import statistics
 import time
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -162,8 +163,8 @@ class Int8Linear(nn.Module):
         kernels = {"int8": self.int8, "F.linear": lambda x: nn.functional.linear(x, weight, bias)}
         if _onednn_considered(self.float_linear):
             kernels["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        calls = self.__dict__.get("_calibration_calls", 0)
-        self._calibration_calls = calls + 1
+        calls = _layer_calls.get(self, 0)  # this layer's calibration calls before this one
+        _layer_calls[self] = calls + 1
         if not calls:
             return self.int8(x)
         trials = _trials.setdefault(key, {name: [] for name in kernels})
@@ -190,6 +191,7 @@ CALIBRATION_CALLS = 6  # timed calls of each kernel per key
 MIN_GAIN = 1.05  # int8 must be this much faster than float32's faster kernel; noise can only leave float32 in place
 _decisions: dict[tuple, bool] = {}  # key -> run int8
 _trials: dict[tuple, dict[str, list[float]]] = {}
+_layer_calls: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # as in kernels.py
 
 
 def int8_decisions() -> dict[tuple, bool]:
@@ -200,6 +202,7 @@ def int8_decisions() -> dict[tuple, bool]:
 def forget_int8_decisions() -> None:
     _decisions.clear()
     _trials.clear()
+    _layer_calls.clear()
 
 
 def _onednn_considered(linear) -> bool:

@@ -230,6 +230,19 @@ def test_measured_choice_keeps_the_faster_kernel(faster, monkeypatch):
     assert_close(output, expected)
 
 
+@needs_onednn_on
+def test_calibration_leaves_the_layer_as_it_was(monkeypatch):
+    """What calibration counts is kept beside the layer, not in it: runtimes/onnxruntime.py falls back to PyTorch when
+    a module's attributes change after tracing, and a counter on the layer did that on every call."""
+    monkeypatch.setattr(kernels, "POLICY", "measure")
+    linear = layer()
+    before = dict(vars(linear))
+    with torch.inference_mode():
+        for _ in range(1 + 2 * kernels.CALIBRATION_CALLS):
+            linear(torch.randn(12, 768))
+    assert kernels.decisions() and dict(vars(linear)) == before
+
+
 def test_shapes_are_measured_apart(monkeypatch):
     """One decision per (in, out, rows rounded up to a power of two and capped, threads); tiny weights are never
     measured (oneDNN cannot win there)."""
