@@ -97,6 +97,13 @@ class _Counted:
 _EXPORTED = {}
 
 
+@pytest.fixture(autouse=True)
+def engine_answers(monkeypatch):
+    """Every call ONNX Runtime can answer goes to it: what these tests test is the engine. (By default each request
+    size runs whichever of ONNX Runtime and PyTorch measured faster: test_each_request_size_runs_the_faster_engine.)"""
+    monkeypatch.setattr(engine, "CHOICE", "engine")
+
+
 @pytest.fixture
 def exports(monkeypatch):
     """The keys exported during a test. Each key is exported for real once per session (seconds each), then
@@ -529,6 +536,50 @@ def test_registry_errors_are_one_line(tmp_path_factory, minilm_path, monkeypatch
         with pytest.raises(ImportError) as caught:
             runtime_registry.apply_runtime(model, name)
         assert str(caught.value) == f"runtime={name!r} {message}"
+
+
+class _Slowed:
+    """A session or forward that takes 20 ms more per call: which engine is faster must not depend on this CPU."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def run(self, *args, **kwargs):
+        time.sleep(0.02)
+        return self.wrapped.run(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        time.sleep(0.02)
+        return self.wrapped(*args, **kwargs)
+
+
+@pytest.mark.parametrize("faster", ["ONNX Runtime", "PyTorch"])
+def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster):
+    """By default the first calls of a request size are answered by ONNX Runtime and PyTorch in turn, each timed,
+    every answer PyTorch's within the rule; then the size runs the faster one only. Another size is measured apart."""
+    monkeypatch.setattr(engine, "CHOICE", "measure")
+    _, _, eager, _ = base
+    model = copy.deepcopy(eager)
+    use_onnx_runtime(model, cache_dir=base[3])
+    (runner,) = engines(model)
+    if faster == "PyTorch":
+        runner.session = _Slowed(runner.session)
+    else:
+        runner.forward = _Slowed(runner.forward)
+    input_ids, mask = padded_batch([9, 14, 5])
+    calls = Calls(model)
+    with torch.inference_mode():
+        expected = eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
+        for _ in range(2 * (engine.CHOICE_CALLS + 1)):
+            assert not runner.choices
+            assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
+        assert calls.count == engine.CHOICE_CALLS + 1  # half the calls (these rows run as one group: one call each)
+        assert list(runner.choices.values()) == [faster == "ONNX Runtime"]
+        before = calls.count
+        assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
+        assert (calls.count > before) == (faster == "ONNX Runtime")
+        model(input_ids=input_ids[:1, :4])  # another size: measured anew
+        assert len(runner.choices) == 1 and len(runner.trials) == 1
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])

@@ -22,6 +22,15 @@ Anything else runs the module's own forward. The heads after the pooler and the 
 costs one engine call: PyTorch work right after ONNX Runtime's, on the same cores, waits for torch's threads to
 get them back (`encoder_units` has the measurement).
 
+Which engine answers. Where both can, the faster does, measured in the process per request size (rows and real
+tokens, each rounded up to a power of two, and the thread count): the first calls of a size are answered by ONNX
+Runtime and PyTorch in turn, both timed, and after `CHOICE_CALLS` timed calls of each (past each one's first) the
+size runs ONNX Runtime only if PyTorch took at least `CHOICE_MIN_GAIN` times as long. Fed the model's weights,
+ONNX Runtime is much faster than eager PyTorch on short requests and no faster, sometimes slower, on long or padded
+batches, where PyTorch skips the padding (docs/performance.md); the choice makes `runtime="onnxruntime"` the faster
+of the two at every size instead of a bet. Both give the same answer within the parity rule, so which one ran never
+shows in the output. `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call ONNX Runtime can answer to it.
+
 Which weights. The graph holds none (`hf_vanilla.export.export_encoder_reading_weights`): each parameter and buffer
 is a graph input, fed on every call with the model's own tensor memory (a numpy view, no copy). A write into that
 memory by any route (an optimizer step, `load_state_dict`, `p.data.mul_()`, a numpy view of a weight) is what the
@@ -63,6 +72,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import sys
 import time
 import warnings
@@ -88,6 +98,14 @@ PROVIDERS = ["CPUExecutionProvider"]
 KEY_METADATA = "hf_vanilla.cache_key"
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
 CALL_COST_TOKENS = 32
+# Which of ONNX Runtime and PyTorch answers a request size: "measure" (the default) times both on the first calls of
+# each size and keeps the faster; "engine" sends every call the engine can answer to ONNX Runtime (the tests use it,
+# to test the engine itself). Read at import from HF_VANILLA_RUNTIME_CHOICE.
+CHOICE = os.environ.get("HF_VANILLA_RUNTIME_CHOICE", "measure")
+if CHOICE not in ("measure", "engine"):
+    raise ValueError(f"HF_VANILLA_RUNTIME_CHOICE={CHOICE!r}: use measure (the default) or engine.")
+CHOICE_CALLS = 3  # timed calls of each path per request size, after its first
+CHOICE_MIN_GAIN = 1.05  # ONNX Runtime must be this much faster: noise can only leave a size on PyTorch
 # The check at attach: a right-padded (2, PROBE_TOKENS) batch, both ways, within PROBE_TOLERANCE x max(1, |output|).
 # It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
 # room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
@@ -201,6 +219,8 @@ class OnnxEncoder:
         self.body = unit.config.model_type == "vanilla_encoder"  # a body, with its output class; else a stack
         self.state = None  # (_Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
         self.warned = False
+        self.choices = {}  # request size (`_size_key`) -> run ONNX Runtime (else PyTorch), measured by `_measure`
+        self.trials = {}  # request size -> {ONNX Runtime?: [seconds of each call so far]}
 
     def __deepcopy__(self, memo):
         """The copy's engine: the same session (it cannot be copied, and needs not: the graph holds no weight),
@@ -209,16 +229,41 @@ class OnnxEncoder:
         clone.unit = copy.deepcopy(self.unit, memo)  # from `memo`: the copy being made
         clone.forward = copy.deepcopy(self.forward, memo)
         clone.state, clone.warned = None, False
+        clone.choices, clone.trials = dict(self.choices), {}  # the same machine: the sizes decided stay decided
         return clone
 
     def __call__(self, *args, **kwargs):
         # Keyword calls (every Hugging Face caller's) need no binding: 6 us of a 3 ms request.
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        output = self._answer(arguments)
-        return output if output is not None else self.forward(*args, **kwargs)
+        request = self._request(arguments)
+        if request is None:
+            return self.forward(*args, **kwargs)
+        if CHOICE == "engine":
+            return self._answer(request, arguments)
+        key = _size_key(request[0]["attention_mask"])
+        engine = self.choices.get(key)
+        if engine is None:
+            return self._measure(key, request, arguments, args, kwargs)
+        return self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
 
-    def _answer(self, arguments: dict):
-        """The unit's output computed by ONNX Runtime, or None where PyTorch must run it."""
+    def _measure(self, key, request, arguments, args, kwargs):
+        """A call of a request size not decided yet: ONNX Runtime and PyTorch answer in turn (the same answer within
+        the parity rule), each timed, until each has answered `CHOICE_CALLS` + 1 times (its first call of the size is
+        not counted: allocations, and PyTorch's kernel calibration); then the size runs ONNX Runtime only if
+        PyTorch's median time is at least `CHOICE_MIN_GAIN` times ONNX Runtime's."""
+        trials = self.trials.setdefault(key, {True: [], False: []})
+        engine = len(trials[True]) <= len(trials[False])
+        start = time.perf_counter()
+        output = self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
+        trials[engine].append(time.perf_counter() - start)
+        if min(map(len, trials.values())) > CHOICE_CALLS:
+            engine_s, pytorch_s = (statistics.median(trials[path][1:]) for path in (True, False))
+            self.choices[key] = pytorch_s >= CHOICE_MIN_GAIN * engine_s
+            del self.trials[key]
+        return output
+
+    def _request(self, arguments: dict):
+        """(the session's inputs, the weights to feed), or None where PyTorch must run the call."""
         get = arguments.get
         input_ids, attention_mask, token_type_ids = get("input_ids"), get("attention_mask"), get("token_type_ids")
         config = self.unit.config
@@ -245,12 +290,17 @@ class OnnxEncoder:
             return None
         if self.token_types and "token_type_ids" not in feeds:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        return feeds, weights
+
+    def _answer(self, request: tuple, arguments: dict):
+        """The unit's output for `request`, computed by ONNX Runtime."""
+        feeds, weights = request
         outputs = dict(zip(self.outputs, map(torch.from_numpy, self.run(feeds, weights))))
         if not self.body:
             return BaseModelOutputWithPastAndCrossAttentions(**outputs)
         output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)
-        return output if (config.return_dict if get("return_dict") is None else get("return_dict")) else \
-            output.to_tuple()
+        return_dict = arguments.get("return_dict")
+        return output if (self.unit.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
     def _verify(self) -> tuple:
         """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the
@@ -587,6 +637,13 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
+
+
+def _size_key(mask: np.ndarray) -> tuple:
+    """What the choice between the engines is made per: rows and real tokens, each rounded up to a power of two,
+    and torch's thread count (both engines use it)."""
+    rows, tokens = mask.shape[0], max(int(mask.sum()), 1)
+    return 1 << (rows - 1).bit_length(), 1 << (tokens - 1).bit_length(), torch.get_num_threads()
 
 
 def _feeds(config, input_ids, attention_mask, token_type_ids) -> dict | None:
