@@ -458,6 +458,24 @@ HALF_PRECISION_SOURCES = {
 }
 
 
+@pytest.mark.parametrize("converter", ["marian", "bart", "bert2bert"])
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", r"generation_config\.json is not valid JSON .*the generation config is damaged"),
+    ("[1, 2]", r"generation_config\.json holds list, not the JSON object a generation config is"),
+    ('{"max_new_tokens": -5, "decoder_start_token_id": 0}',
+     r"generation_config\.json holds settings transformers refuses .*fix or delete"),
+    ('{"num_beams": 2}', r"generation_config\.json sets neither decoder_start_token_id nor bos_token_id: .*Add"),
+])
+def test_a_damaged_generation_config(tmp_path, capsys, converter, content, message):
+    """The encoder-decoder converters read the source's generation_config.json: damaged, it is a one-line error
+    naming the file, not a traceback."""
+    make = HALF_PRECISION_SOURCES[converter][0]
+    source = make(tmp_path / "source")
+    (source / "generation_config.json").write_text(content)
+    assert_refused(capsys, tmp_path / "out", message, converter, "--source", source, "--output", tmp_path / "out",
+                   *CONVERTERS.get(converter, []))
+
+
 @pytest.mark.parametrize("converter", list(HALF_PRECISION_SOURCES))
 def test_half_precision_is_verified_as_saved(tmp_path, capsys, converter):
     """Every converter that takes --dtype: a float16 conversion passes the check of what it saves (the rule is not too

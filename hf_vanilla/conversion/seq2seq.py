@@ -12,6 +12,7 @@ from ..configuration_vanilla import VanillaSeq2SeqConfig
 from .errors import ConversionError
 from .mapping import expand_table
 from .parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
+from .reading import read_json
 from .writing import TOKENIZER_FILES, copy_side_files, save_checkpoint
 
 # ---- fairseq's layout: BART and Marian ----------------------------------------------------------------------
@@ -138,7 +139,13 @@ def fairseq_embeddings(tensors: dict, config: VanillaSeq2SeqConfig) -> dict:
 def generation_ids(source_dir: Path, config: dict) -> dict:
     """decoder_start / eos / pad / bos ids: the source's generation_config.json first, then its config.json."""
     path = source_dir / "generation_config.json"
-    generation = json.loads(path.read_text()) if path.is_file() else {}
+    generation = read_json(path, "generation config") if path.is_file() else {}
+    if generation and generation.get("decoder_start_token_id", generation.get("bos_token_id")) is None:
+        start = config.get("decoder_start_token_id")
+        raise ConversionError(
+            f"{path} sets neither decoder_start_token_id nor bos_token_id: transformers' generate() cannot start a "
+            f"target sentence with it (it does not fall back to config.json). Add \"decoder_start_token_id\": "
+            f"{start if start is not None else 'the id that starts a target sentence'} to it.")
     ids = {}
     for name in ("decoder_start_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
         ids[name] = generation.get(name, config.get(name, config.get("decoder", {}).get(name)))
@@ -156,7 +163,11 @@ def with_generation_config(model, source_dir: Path | None, ids: dict):
     from transformers import GenerationConfig
 
     if source_dir is not None and (source_dir / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(source_dir)
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(source_dir)
+        except ValueError as error:  # a JSON object whose settings transformers refuses (generation_ids read it)
+            raise ConversionError(f"{source_dir / 'generation_config.json'} holds settings transformers refuses "
+                                  f"({error}): fix or delete that file in the source.") from None
     else:
         model.generation_config = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
     return model
