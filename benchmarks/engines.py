@@ -157,6 +157,7 @@ class Engine:
     output: object = None
     first_call_s: float = 0.0
     warm_calls: int = 1  # calls before the timed rounds: the first is the cold start
+    warming: callable = None  # and then more calls while this says the engine is still settling
 
 
 def torch_encoder(name, model, input_ids, attention_mask, precision="fp32"):
@@ -338,11 +339,11 @@ def encoder_engines(models, input_ids, attention_mask):
     engines = [torch_encoder(REFERENCE, reference, input_ids, attention_mask),
                torch_encoder("hf_vanilla", ours, input_ids, attention_mask)]
     if models.runtime is not None:
-        from hf_vanilla.runtimes.onnxruntime import CHOICE_CALLS
+        from hf_vanilla.runtimes.onnxruntime import runtime_choices
 
         # Its first calls of a request size choose between ONNX Runtime and PyTorch, answering with each in turn.
         engines.append(replace(torch_encoder("hf_vanilla ORT", models.runtime, input_ids, attention_mask),
-                               warm_calls=2 * (CHOICE_CALLS + 1)))
+                               warming=lambda: None in runtime_choices(models.runtime).values()))
     engines += [ort_encoder(name, session, input_ids, attention_mask) for name, session in models.sessions.items()]
     engines += [openvino_encoder(name, compiled, input_ids, attention_mask)
                 for name, compiled in models.openvino.items()]
@@ -468,14 +469,14 @@ def generation_engines(case, directory, cold, threads, precisions, compiled):
     engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
                generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens)]
     if available("hf_vanilla ORT"):
-        from hf_vanilla.runtimes.onnxruntime import CHOICE_CALLS, use_onnx_runtime
+        from hf_vanilla.runtimes.onnxruntime import runtime_choices, use_onnx_runtime
 
         runtime = marian_to_vanilla(reference.state_dict(), config.to_dict()).eval()  # same tensors, no copy
         runtime.generation_config = ours.generation_config
         cold.time("use_onnx_runtime, first time (encoder: export reading the weights, session)", "marian",
                   lambda: use_onnx_runtime(runtime, cache_dir=directory / "cache"))
         engines.append(replace(generate_engine("hf_vanilla ORT", runtime, input_ids, mask, case.new_tokens),
-                               warm_calls=2 * (CHOICE_CALLS + 1)))  # its encoder's choice, as for encoders
+                               warming=lambda: None in runtime_choices(runtime).values()))  # as for encoders
     if compiled:
         engines.append(generate_engine("hf_vanilla compiled", ours, input_ids, mask, case.new_tokens, True))
     if not available("CT2"):
@@ -531,6 +532,10 @@ def warm_up(engines):
         engine.output = engine.run()
         engine.first_call_s = time.perf_counter() - start
         for _ in range(engine.warm_calls - 1):
+            engine.run()
+        for _ in range(100 if engine.warming is not None else 0):
+            if not engine.warming():
+                break
             engine.run()
 
 

@@ -78,6 +78,13 @@ _trials: dict[tuple, dict[str, list[float]]] = {}  # key -> seconds of each time
 # layer -> its calibration calls so far. Kept here, not on the layer: an attribute that changes on every call would
 # change the module itself to whatever watches it (runtimes/onnxruntime.py's check that the model is as traced).
 _layer_calls: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
+_calibration_count = 0  # see calibration_calls
+
+
+def calibration_calls() -> int:
+    """How many calibration calls (which time a kernel, and compute F.linear's result besides) this process has
+    made: a caller timing a whole forward can tell whether its call also measured kernels, and was slower for it."""
+    return _calibration_count
 
 
 def decisions() -> dict[tuple, bool]:
@@ -107,6 +114,8 @@ def _measure(key, x, weight, bias, layer):
     from one call of the layer to its next, is timed as the first kernel to read the weight in its call (as in the
     model: timing both on one call would time the second with the weight already in cache). F.linear's output is
     returned either way."""
+    global _calibration_count
+    _calibration_count += 1
     calls = _layer_calls.get(layer, 0)  # this layer's calibration calls before this one
     _layer_calls[layer] = calls + 1
     trials = _trials.setdefault(key, {"blas": [], "onednn": []})
@@ -171,4 +180,4 @@ class VanillaLinear(nn.Linear):
         return nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed"]
+__all__ = ["VanillaLinear", "calibration_calls", "decisions", "forget_decisions", "is_tracing", "is_transformed"]

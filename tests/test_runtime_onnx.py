@@ -57,7 +57,12 @@ import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
 from hf_vanilla import runtime_registry  # noqa: E402
 from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla.runtimes import onnxruntime as engine  # noqa: E402
-from hf_vanilla.runtimes.onnxruntime import length_groups, remove_onnx_runtime, use_onnx_runtime  # noqa: E402
+from hf_vanilla.runtimes.onnxruntime import (  # noqa: E402
+    length_groups,
+    remove_onnx_runtime,
+    runtime_choices,
+    use_onnx_runtime,
+)
 
 PACKAGE = Path(hf_vanilla.__file__).parent
 
@@ -580,6 +585,36 @@ def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster):
         assert (calls.count > before) == (faster == "ONNX Runtime")
         model(input_ids=input_ids[:1, :4])  # another size: measured anew
         assert len(runner.choices) == 1 and len(runner.trials) == 1
+    assert set(runtime_choices(model).values()) == {faster == "ONNX Runtime", None}
+
+
+def test_pytorch_calls_that_calibrate_kernels_are_not_timed(base, monkeypatch):
+    """PyTorch's first calls of a new size may also time its products' two kernels (kernels.py), which makes them
+    slower than PyTorch will be: those calls are not counted. Here they take 60 ms more and say so through
+    kernels' counter, PyTorch is otherwise the faster (ONNX Runtime is slowed by 20 ms): PyTorch must be chosen."""
+    from hf_vanilla import kernels
+
+    monkeypatch.setattr(engine, "CHOICE", "measure")
+    _, _, eager, _ = base
+    model = copy.deepcopy(eager)
+    use_onnx_runtime(model, cache_dir=base[3])
+    (runner,) = engines(model)
+    runner.session = _Slowed(runner.session)
+    forward, pytorch_calls = runner.forward, []
+
+    def calibrating_at_first(*args, **kwargs):
+        pytorch_calls.append(1)
+        if len(pytorch_calls) <= 3:
+            monkeypatch.setattr(kernels, "_calibration_count", kernels._calibration_count + 1)
+            time.sleep(0.06)
+        return forward(*args, **kwargs)
+
+    runner.forward = calibrating_at_first
+    input_ids, mask = padded_batch([9, 14, 5])
+    with torch.inference_mode():
+        while not runner.choices:
+            model(input_ids=input_ids, attention_mask=mask)
+    assert list(runner.choices.values()) == [False] and len(pytorch_calls) == 3 + engine.CHOICE_CALLS + 1
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])

@@ -91,6 +91,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..export import export_encoder_reading_weights
+from ..kernels import calibration_calls
 
 CACHE_FORMAT = 2  # bump when the exported graph changes for the same key (2: weights are graph inputs)
 CACHE_ENV = "HF_VANILLA_ONNX_CACHE"
@@ -130,6 +131,17 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None):
     for unit in units:
         OnnxEncoder.attach(unit, cache, threads or torch.get_num_threads())
     return model
+
+
+def runtime_choices(model) -> dict[tuple, bool | None]:
+    """Per request size (rows and real tokens rounded up to powers of two, threads) seen by `model`'s encoders: True
+    where ONNX Runtime answers, False where PyTorch does, None while the first calls still measure the two."""
+    choices = {}
+    for module in model.modules():
+        engine = vars(module).get("forward")
+        if isinstance(engine, OnnxEncoder):
+            choices.update(dict.fromkeys(engine.trials) | engine.choices)
+    return choices
 
 
 def encoder_units(model) -> list:
@@ -248,14 +260,18 @@ class OnnxEncoder:
 
     def _measure(self, key, request, arguments, args, kwargs):
         """A call of a request size not decided yet: ONNX Runtime and PyTorch answer in turn (the same answer within
-        the parity rule), each timed, until each has answered `CHOICE_CALLS` + 1 times (its first call of the size is
-        not counted: allocations, and PyTorch's kernel calibration); then the size runs ONNX Runtime only if
-        PyTorch's median time is at least `CHOICE_MIN_GAIN` times ONNX Runtime's."""
+        the parity rule), each timed, until each has `CHOICE_CALLS` + 1 timings (the first of each is left out:
+        allocations); then the size runs ONNX Runtime only if PyTorch's median time is at least `CHOICE_MIN_GAIN`
+        times ONNX Runtime's. A PyTorch call that also measured its products' kernels (kernels.py computes two
+        products where it times one) is not counted: it would make PyTorch look slower than it will be."""
         trials = self.trials.setdefault(key, {True: [], False: []})
         engine = len(trials[True]) <= len(trials[False])
+        measured = calibration_calls()
         start = time.perf_counter()
         output = self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
-        trials[engine].append(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        if engine or calibration_calls() == measured:  # PyTorch's call did not also time kernels (kernels.py)
+            trials[engine].append(seconds)
         if min(map(len, trials.values())) > CHOICE_CALLS:
             engine_s, pytorch_s = (statistics.median(trials[path][1:]) for path in (True, False))
             self.choices[key] = pytorch_s >= CHOICE_MIN_GAIN * engine_s
