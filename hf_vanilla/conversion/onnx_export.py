@@ -28,7 +28,7 @@ from ..heads import export_tasks
 from .errors import ConversionError
 from .output import atomic_output
 from .parity import check, require_parity, rule, verification_batch
-from .reading import load_tensors, read_config, require_model_type, resolve_source
+from .reading import load_tensors, read_config, read_generation_config, require_model_type, resolve_source
 from .writing import TOKENIZER_FILES, copy_side_files
 
 # Which class exports as which task is declared once, in hf_vanilla/heads.py (`export_task`): class name -> task.
@@ -165,8 +165,9 @@ def load_model(source_dir: Path, task: str):
     config = transformers.AutoConfig.from_pretrained(source_dir)
     model_class = getattr(modeling_vanilla, next(name for name, t in ARCHITECTURE_TASKS.items() if t == task))
     options = {}
-    if (source_dir / "generation_config.json").is_file():
-        options["generation_config"] = transformers.GenerationConfig.from_pretrained(source_dir)
+    generation = read_generation_config(source_dir)
+    if generation is not None:
+        options["generation_config"] = generation
     model, info = model_class.from_pretrained(None, config=config, state_dict=load_tensors(source_dir),
                                               dtype=torch.float32, output_loading_info=True, **options)
     if info["missing_keys"]:

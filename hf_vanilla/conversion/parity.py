@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from .errors import ConversionError
+from .reading import read_generation_config
 
 TOLERANCE = {
     torch.float64: 1e-12,
@@ -83,11 +84,10 @@ def reference_model(model_class, tensors: dict, source_dir: Path | None = None, 
     map the file again, and the process's memory would count both). The reference and our model therefore share the
     tensors' storage: verification relies on conversion never writing into them. `config`, when given, is used
     instead of the source's config.json (a reference built, not loaded)."""
-    from transformers import GenerationConfig
-
     options = {}
-    if source_dir is not None and (source_dir / "generation_config.json").is_file():
-        options["generation_config"] = GenerationConfig.from_pretrained(source_dir)
+    generation = read_generation_config(source_dir) if source_dir is not None else None
+    if generation is not None:
+        options["generation_config"] = generation
     config = config if config is not None else model_class.config_class.from_pretrained(source_dir)
     # A shallow copy: the loader may rename keys in the dict it is given, and the converter reads this one again.
     reference = model_class.from_pretrained(None, config=config, state_dict=dict(tensors),

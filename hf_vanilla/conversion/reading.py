@@ -67,6 +67,23 @@ def read_json(path: Path, what: str) -> dict:
     return value
 
 
+def read_generation_config(source_dir: Path):
+    """The checkpoint's generation_config.json as transformers' `GenerationConfig` (forced_eos_token_id,
+    bad_words_ids, num_beams...: what `generate` does), or None where it has none. Damaged, or holding settings
+    transformers refuses, it is an error naming the file."""
+    from transformers import GenerationConfig
+
+    path = source_dir / "generation_config.json"
+    if not path.is_file():
+        return None
+    read_json(path, "generation config")
+    try:
+        return GenerationConfig.from_pretrained(source_dir)
+    except ValueError as error:
+        raise ConversionError(f"{path} holds settings transformers refuses ({error}): fix or delete that file in the "
+                              f"source.") from None
+
+
 def _too_deep(text: str) -> str | None:
     """Where the JSON `text` nests deeper than `MAX_JSON_DEPTH` ("under 'x'", its top-level key), or None. Counted on
     the text, without the parser's recursion: a string at depth 1 is a key (or a value, but then no nesting follows)."""

@@ -12,7 +12,7 @@ from ..configuration_vanilla import VanillaSeq2SeqConfig
 from .errors import ConversionError
 from .mapping import expand_table
 from .parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
-from .reading import read_json
+from .reading import read_generation_config, read_json
 from .writing import TOKENIZER_FILES, copy_side_files, save_checkpoint
 
 # ---- fairseq's layout: BART and Marian ----------------------------------------------------------------------
@@ -162,14 +162,10 @@ def with_generation_config(model, source_dir: Path | None, ids: dict):
     change what `generate` returns); without one, the special ids alone."""
     from transformers import GenerationConfig
 
-    if source_dir is not None and (source_dir / "generation_config.json").is_file():
-        try:
-            model.generation_config = GenerationConfig.from_pretrained(source_dir)
-        except ValueError as error:  # a JSON object whose settings transformers refuses (generation_ids read it)
-            raise ConversionError(f"{source_dir / 'generation_config.json'} holds settings transformers refuses "
-                                  f"({error}): fix or delete that file in the source.") from None
-    else:
-        model.generation_config = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+    generation = read_generation_config(source_dir) if source_dir is not None else None
+    if generation is None:
+        generation = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+    model.generation_config = generation
     return model
 
 

@@ -14,7 +14,7 @@ from .building import build_model
 from .errors import ConversionError
 from .mapping import map_tensors
 from .parity import reference_model
-from .reading import load_tensors, read_source
+from .reading import load_tensors, read_generation_config, read_source
 from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
 from .writing import write_conversion, write_source_format
 
@@ -148,7 +148,6 @@ class Seq2SeqFormat:
         compared with the vanilla source: every output by the parity rule, and for the classes that generate the
         tokens of greedy and beam-search `generate()`."""
         import transformers
-        from transformers import GenerationConfig
 
         source_dir, _ = read_source(source, (VanillaSeq2SeqConfig.model_type,), f"to-{self.name}")
         try:
@@ -166,8 +165,9 @@ class Seq2SeqFormat:
         spec, source_config = self.heads[head], self.source_config(config, head)  # refused before reading weights
         tensors = load_tensors(source_dir)
         model = self.to_source_model(tensors, config, head, source_config)
-        if (source_dir / "generation_config.json").is_file():  # forced_eos_token_id, num_beams...: what generate does
-            model.generation_config = GenerationConfig.from_pretrained(source_dir)
+        generation = read_generation_config(source_dir)  # forced_eos_token_id, num_beams...: what generate does
+        if generation is not None:
+            model.generation_config = generation
 
         def verify(staging):
             print(f"Verifying the written {head} against the vanilla source (padded batches):")
