@@ -156,8 +156,7 @@ class Engine:
     times: dict = field(default_factory=dict)
     output: object = None
     first_call_s: float = 0.0
-    warm_calls: int = 1  # calls before the timed rounds: the first is the cold start
-    warming: callable = None  # and then more calls while this says the engine is still settling
+    warming: callable = None  # after the first call, more calls while this says the engine is still settling
 
 
 def torch_encoder(name, model, input_ids, attention_mask, precision="fp32"):
@@ -525,14 +524,13 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled
 
 
 def warm_up(engines):
-    """Each engine's first call, reported as cold start (graph compilation, caches, thread pools), then the calls an
-    engine needs before it runs as it will from then on (`warm_calls`)."""
+    """Each engine's first call, reported as cold start (graph compilation, caches, thread pools), then, for an engine
+    that settles over its first calls (`warming`: the ONNX Runtime runtime's choice), calls until it has settled
+    (at most 100)."""
     for engine in engines:
         start = time.perf_counter()
         engine.output = engine.run()
         engine.first_call_s = time.perf_counter() - start
-        for _ in range(engine.warm_calls - 1):
-            engine.run()
         for _ in range(100 if engine.warming is not None else 0):
             if not engine.warming():
                 break

@@ -19,8 +19,8 @@ the weights as the model does. Two things would time something else than the ker
 first call is not timed (its weight's first read after loading page-faults, and oneDNN builds its primitive for
 the shape then), and each layer alternates between the kernels from one call to its next, so that both are timed
 at every place in the model (alternating call by call within a forward timed oneDNN on every W^Q and W^V and
-F.linear on every W^K and W^O: on AMD Zen 4 that kept bert-base's 768 x 768 products at 16 rows on F.linear, 0.253
-against oneDNN's 0.193 ms, and the model at 41 ms a request instead of 32). `decisions()` shows what was decided.
+F.linear on every W^K and W^O; on AMD Zen 4 the old scheme kept bert-base's 3072 x 768 products at 16 rows on
+F.linear, 0.98 ms against oneDNN's 0.68 in a loop over 24 weights). `decisions()` shows what was decided.
 
 `HF_VANILLA_LINEAR_KERNEL` (read at import) or `kernels.POLICY` chooses another policy: "blas" (F.linear always:
 bit for bit nn.Linear) or "onednn" (oneDNN for every eligible product, without measuring: the tests use it to run
@@ -75,8 +75,9 @@ MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in do
 
 _decisions: dict[tuple, bool] = {}  # key -> run oneDNN
 _trials: dict[tuple, dict[str, list[float]]] = {}  # key -> seconds of each timed call so far, per kernel
-# layer -> its calibration calls so far. Kept here, not on the layer: an attribute that changes on every call would
-# change the module itself to whatever watches it (runtimes/onnxruntime.py's check that the model is as traced).
+# layer -> its calibration calls so far (`calibration_call`), this module's layers and precision.Int8Linear's. Kept
+# here, not on the layer: an attribute that changes on every call would change the module itself to whatever
+# watches it (runtimes/onnxruntime.py's check that the model is as traced).
 _layer_calls: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
 _calibration_count = 0  # see calibration_calls
 
@@ -85,6 +86,16 @@ def calibration_calls() -> int:
     """How many calibration calls (which time a kernel, and compute F.linear's result besides) this process has
     made: a caller timing a whole forward can tell whether its call also measured kernels, and was slower for it."""
     return _calibration_count
+
+
+def calibration_call(layer) -> int:
+    """Count a calibration call of `layer` (here, or precision.Int8Linear's) and return how many it had before this
+    one: 0 on its first, which is not timed (see the module docstring)."""
+    global _calibration_count
+    _calibration_count += 1
+    calls = _layer_calls.get(layer, 0)
+    _layer_calls[layer] = calls + 1
+    return calls
 
 
 def decisions() -> dict[tuple, bool]:
@@ -114,10 +125,7 @@ def _measure(key, x, weight, bias, layer):
     from one call of the layer to its next, is timed as the first kernel to read the weight in its call (as in the
     model: timing both on one call would time the second with the weight already in cache). F.linear's output is
     returned either way."""
-    global _calibration_count
-    _calibration_count += 1
-    calls = _layer_calls.get(layer, 0)  # this layer's calibration calls before this one
-    _layer_calls[layer] = calls + 1
+    calls = calibration_call(layer)
     trials = _trials.setdefault(key, {"blas": [], "onednn": []})
     if calls % 2 and len(trials["onednn"]) < CALIBRATION_CALLS:
         start = time.perf_counter()
@@ -180,4 +188,4 @@ class VanillaLinear(nn.Linear):
         return nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["VanillaLinear", "calibration_calls", "decisions", "forget_decisions", "is_tracing", "is_transformed"]
+__all__ = ["VanillaLinear", "calibration_call", "calibration_calls", "decisions", "forget_decisions", "is_tracing", "is_transformed"]

@@ -25,10 +25,11 @@ oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
 import statistics
 import time
 import warnings
-import weakref
 
 import torch
 from torch import nn
+
+from . import kernels
 
 
 def cpu_flags() -> set:
@@ -160,20 +161,19 @@ class Int8Linear(nn.Module):
         layer's first call (first reads of a fresh weight), then the kernels in turn from one call of this layer
         to its next, so that every kernel is timed at every place in the model."""
         weight, bias = self.float_linear.weight, self.float_linear.bias
-        kernels = {"int8": self.int8, "F.linear": lambda x: nn.functional.linear(x, weight, bias)}
+        candidates = {"int8": self.int8, "F.linear": lambda x: nn.functional.linear(x, weight, bias)}
         if _onednn_considered(self.float_linear):
-            kernels["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        calls = _layer_calls.get(self, 0)  # this layer's calibration calls before this one
-        _layer_calls[self] = calls + 1
+            candidates["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        calls = kernels.calibration_call(self)  # this layer's before this one
         if not calls:
             return self.int8(x)
-        trials = _trials.setdefault(key, {name: [] for name in kernels})
+        trials = _trials.setdefault(key, {name: [] for name in candidates})
         names = list(trials)
         name = names[calls % len(names)]
         if len(trials[name]) >= CALIBRATION_CALLS:  # this one has its timings: the one with the fewest instead
             name = min(names, key=lambda name: len(trials[name]))
         start = time.perf_counter()
-        result = kernels[name](x)
+        result = candidates[name](x)
         trials[name].append(time.perf_counter() - start)
         if name != "int8":
             result = self.int8(x)
@@ -191,7 +191,6 @@ CALIBRATION_CALLS = 6  # timed calls of each kernel per key
 MIN_GAIN = 1.05  # int8 must be this much faster than float32's faster kernel; noise can only leave float32 in place
 _decisions: dict[tuple, bool] = {}  # key -> run int8
 _trials: dict[tuple, dict[str, list[float]]] = {}
-_layer_calls: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # as in kernels.py
 
 
 def int8_decisions() -> dict[tuple, bool]:
@@ -202,13 +201,10 @@ def int8_decisions() -> dict[tuple, bool]:
 def forget_int8_decisions() -> None:
     _decisions.clear()
     _trials.clear()
-    _layer_calls.clear()
 
 
 def _onednn_considered(linear) -> bool:
     """Whether `kernels.VanillaLinear` may run this float32 product on oneDNN (its static conditions)."""
-    from . import kernels
-
     return (isinstance(linear, kernels.VanillaLinear) and kernels._ONEDNN and kernels.POLICY != "blas"
             and linear.in_features * linear.out_features >= kernels.MIN_WEIGHTS and torch.backends.mkldnn.enabled)
 
