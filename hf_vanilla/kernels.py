@@ -20,7 +20,8 @@ first call is not timed (its weight's first read after loading page-faults, and 
 the shape then), and each layer alternates between the kernels from one call to its next, so that both are timed
 at every place in the model (alternating call by call within a forward timed oneDNN on every W^Q and W^V and
 F.linear on every W^K and W^O; on AMD Zen 4 the old scheme kept bert-base's 3072 x 768 products at 16 rows on
-F.linear, 0.98 ms against oneDNN's 0.68 in a loop over 24 weights). `decisions()` shows what was decided.
+F.linear, 0.98 ms against oneDNN's 0.68 in a loop over 24 weights). The timing, the per-layer turns and the
+decision are hf_vanilla/measure.py's, shared with the other measured choices; `decisions()` shows what was decided.
 
 `HF_VANILLA_LINEAR_KERNEL` (read at import) or `kernels.POLICY` chooses another policy: "blas" (F.linear always:
 bit for bit nn.Linear) or "onednn" (oneDNN for every eligible product, without measuring: the tests use it to run
@@ -37,12 +38,11 @@ It also holds the two predicates the rest of the package asks before doing anyth
 
 import os
 import platform
-import statistics
-import time
-import weakref
 
 import torch
 from torch import nn
+
+from .measure import MeasuredChoice, owner_turn
 
 
 def is_tracing() -> bool:
@@ -72,49 +72,27 @@ MIN_WEIGHTS = 2**12
 CALIBRATION_CALLS = 6  # timed calls of each kernel per shape
 MIN_GAIN = 1.05
 MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance.md)
-
-_decisions: dict[tuple, bool] = {}  # key -> run oneDNN
-_trials: dict[tuple, dict[str, list[float]]] = {}  # key -> seconds of each timed call so far, per kernel
-# layer -> its calibration calls so far (`calibration_call`), this module's layers and precision.Int8Linear's. Kept
-# here, not on the layer: an attribute that changes on every call would change the module itself to whatever
-# watches it (runtimes/onnxruntime.py's check that the model is as traced).
-_layer_calls: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
-_calibration_count = 0  # see calibration_calls
-
-
-def calibration_calls() -> int:
-    """How many calibration calls (which time a kernel, and compute F.linear's result besides) this process has
-    made: a caller timing a whole forward can tell whether its call also measured kernels, and was slower for it."""
-    return _calibration_count
-
-
-def calibration_call(layer) -> int:
-    """Count a calibration call of `layer` (here, or precision.Int8Linear's) and return how many it had before this
-    one: 0 on its first, which is not timed (see the module docstring)."""
-    global _calibration_count
-    _calibration_count += 1
-    calls = _layer_calls.get(layer, 0)
-    _layer_calls[layer] = calls + 1
-    return calls
+# oneDNN (the challenger) or F.linear, per key: see the module docstring and hf_vanilla/measure.py.
+CHOICE = MeasuredChoice("linear kernel: oneDNN?", ("blas", "onednn"), "onednn", CALIBRATION_CALLS, MIN_GAIN)
 
 
 def decisions() -> dict[tuple, bool]:
     """What the "measure" policy decided so far: (in_features, out_features, rows bucket, threads) -> oneDNN?"""
-    return dict(_decisions)
+    return CHOICE.decisions()
 
 
 def forget_decisions() -> None:
     """Measure again from the next call (after changing threads or CPU affinity, or in tests)."""
-    _decisions.clear()
-    _trials.clear()
-    _layer_calls.clear()
+    CHOICE.forget()
 
 
-def _onednn_linear(x, weight, bias):
+def onednn_linear(x, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _key(x, weight) -> tuple:
+def rows_key(x, weight) -> tuple:
+    """What a projection's measured choice is made per: (in_features, out_features, rows rounded up to a power of
+    two and capped at MAX_ROWS_BUCKET, torch's thread count)."""
     out_features, in_features = weight.shape
     rows = max(x.numel() // in_features, 1)
     return in_features, out_features, min(1 << (rows - 1).bit_length(), MAX_ROWS_BUCKET), torch.get_num_threads()
@@ -125,22 +103,13 @@ def _measure(key, x, weight, bias, layer):
     from one call of the layer to its next, is timed as the first kernel to read the weight in its call (as in the
     model: timing both on one call would time the second with the weight already in cache). F.linear's output is
     returned either way."""
-    calls = calibration_call(layer)
-    trials = _trials.setdefault(key, {"blas": [], "onednn": []})
-    if calls % 2 and len(trials["onednn"]) < CALIBRATION_CALLS:
-        start = time.perf_counter()
-        _onednn_linear(x, weight, bias)
-        trials["onednn"].append(time.perf_counter() - start)
-        result = nn.functional.linear(x, weight, bias)
-    else:
-        start = time.perf_counter()
-        result = nn.functional.linear(x, weight, bias)
-        if calls:
-            trials["blas"].append(time.perf_counter() - start)
-    if min(map(len, trials.values())) >= CALIBRATION_CALLS:
-        _decisions[key] = statistics.median(trials["blas"]) >= MIN_GAIN * statistics.median(trials["onednn"])
-        _trials.pop(key, None)
-    return result
+    turn = owner_turn(layer)
+    if not turn:
+        return nn.functional.linear(x, weight, bias)
+    if CHOICE.turn(key, turn) == "onednn":
+        CHOICE.time(key, "onednn", onednn_linear, x, weight, bias)
+        return nn.functional.linear(x, weight, bias)
+    return CHOICE.time(key, "blas", nn.functional.linear, x, weight, bias)
 
 
 class VanillaLinear(nn.Linear):
@@ -178,14 +147,15 @@ class VanillaLinear(nn.Linear):
             and not torch.are_deterministic_algorithms_enabled()
         ):
             if POLICY == "onednn":
-                return _onednn_linear(x, weight, bias)
-            key = _key(x, weight)
-            onednn = _decisions.get(key)
+                return onednn_linear(x, weight, bias)
+            key = rows_key(x, weight)
+            onednn = CHOICE.decision(key)
             if onednn is None:
                 return _measure(key, x, weight, bias, self)
             if onednn:
-                return _onednn_linear(x, weight, bias)
+                return onednn_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["VanillaLinear", "calibration_call", "calibration_calls", "decisions", "forget_decisions", "is_tracing", "is_transformed"]
+__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed", "onednn_linear",
+           "rows_key"]

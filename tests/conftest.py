@@ -64,3 +64,33 @@ def pytest_collection_modifyitems(config, items):
                 hub = os.environ.get("HF_VANILLA_HUB") == "1" and hub_reachable()
             if not hub:
                 item.add_marker(skip_hub)
+
+
+class ScriptedClock:
+    """hf_vanilla.measure's clock, scripted: time moves only when a test says so (`advance`, or a computation wrapped
+    by `costing`), so a measured choice decides the same on a quiet machine and a busy one."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def costing(self, run, seconds: float):
+        """`run`, taking `seconds` on this clock at every call."""
+        def timed(*args, **kwargs):
+            self.advance(seconds)
+            return run(*args, **kwargs)
+        return timed
+
+
+@pytest.fixture
+def scripted_clock(monkeypatch):
+    from hf_vanilla import measure
+
+    clock = ScriptedClock()
+    monkeypatch.setattr(measure, "clock", clock)
+    return clock

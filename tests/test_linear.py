@@ -9,8 +9,6 @@ The model-level proof is the bert-base parity tests (tests/test_encoder_parity.p
 30522-word output layer run here, under `no_grad`, within the same rule of transformers' BERT.
 """
 
-import time
-
 import pytest
 import torch
 from numerics import assert_close
@@ -198,29 +196,22 @@ def test_everything_else_takes_nn_linears_own_path(case, run, always_onednn):
         assert torch.equal(output, reference(x))
 
 
-def slowed(kernel, seconds=10e-3):
-    def run(*args):
-        time.sleep(seconds)
-        return kernel(*args)
-    return run
-
-
 @needs_onednn_on
 @pytest.mark.parametrize("faster", ["oneDNN", "F.linear"])
-def test_measured_choice_keeps_the_faster_kernel(faster, monkeypatch):
+def test_measured_choice_keeps_the_faster_kernel(faster, monkeypatch, scripted_clock):
     """Under the default policy, a layer's first call (untimed: first reads of a weight and oneDNN's primitive
     creation are not the kernel's speed) and the next 2 x CALIBRATION_CALLS calls of a shape return F.linear's output
-    bit for bit while both kernels are timed, alternately; then only the faster one runs. The loser is made 10 ms slower per call here, so
-    the outcome does not depend on this CPU."""
+    bit for bit while both kernels are timed, alternately; then only the faster one runs. The clock is scripted
+    (tests/conftest.py): the loser costs 11 ms a call on it, the winner 1 ms, whatever this machine is doing."""
     monkeypatch.setattr(kernels, "POLICY", "measure")  # the default, whatever HF_VANILLA_LINEAR_KERNEL says
-    if faster == "oneDNN":
-        monkeypatch.setattr(F, "linear", slowed(F.linear))
-    else:
-        monkeypatch.setattr(kernels, "_onednn_linear", slowed(kernels._onednn_linear))
+    fast, slow = 1e-3, 11e-3
+    monkeypatch.setattr(F, "linear", scripted_clock.costing(F.linear, fast if faster == "F.linear" else slow))
+    monkeypatch.setattr(kernels, "onednn_linear", scripted_clock.costing(kernels.onednn_linear,
+                                                                         fast if faster == "oneDNN" else slow))
     linear, x = layer(), torch.randn(12, 768)
     key = (768, 3072, 16, torch.get_num_threads())
     with torch.inference_mode():
-        expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
+        expected = torch.ops.aten.linear(x, linear.weight, linear.bias)
         for _ in range(1 + 2 * kernels.CALIBRATION_CALLS):
             assert key not in kernels.decisions()
             assert torch.equal(linear(x), expected)

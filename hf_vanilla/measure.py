@@ -1,0 +1,155 @@
+"""One way to choose, by measurement, between computations that give the same answer: which is faster here.
+
+Three fast paths choose by timing their candidates on the first calls, because which is faster depends on the CPU,
+the shapes, the threads and the cache, and no threshold is right on Intel and AMD alike (docs/performance.md):
+
+    kernels.VanillaLinear    F.linear (MKL) or oneDNN's matmul, per (in, out, rows bucket, threads)
+    precision.Int8Linear     int8 or the float32 projection, per the same key
+    runtimes/onnxruntime     ONNX Runtime or PyTorch, per request size (rows, real tokens, threads)
+
+Each is a `MeasuredChoice`: an incumbent (the plain computation, which runs while nothing is decided and wherever
+the measurement is not clear) and one challenger. The first calls of a key time the candidates in turn until each
+has `calls` timings (after `warmup` more of each, discarded); then the key runs the challenger only if the fastest
+incumbent's median time is at least `min_gain` times the challenger's. The margin means noise can only leave a key
+on the incumbent, never move it to a slower computation. Since every candidate gives the same answer (within the
+parity rule), the choice never shows in the output, only in the time.
+
+Thread-safe: a web server calls the model from many threads, and the timings and decisions of a key are read and
+written under one lock (the runtime's own bookkeeping once raised `KeyError` when one thread decided a key while
+another read its timings). Timings taken under concurrency are noisier, which the margin absorbs.
+
+Every choice reads the clock through this module's `clock` (by default `time.perf_counter`), so that a test scripts
+it instead of trusting wall-clock time on a busy machine: `monkeypatch.setattr(measure, "clock", scripted)`.
+`decisions()` shows what every choice decided; `forget()` measures again (after changing threads or affinity).
+"""
+
+import statistics
+import threading
+import time
+import weakref
+
+clock = time.perf_counter  # what every choice times with: tests replace it
+
+_choices: "weakref.WeakSet[MeasuredChoice]" = weakref.WeakSet()
+_turns: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # owner (a layer) -> its timed calls so far
+_turns_lock = threading.Lock()
+_timed_calls = 0  # see timed_calls
+
+
+class MeasuredChoice:
+    """The decision, per key, between an incumbent computation (or several equivalent ones) and a challenger.
+
+    `candidates` names every computation timed, the challenger among them; `decision(key)` is True where the
+    challenger runs, False where an incumbent does, None while the key is still being measured."""
+
+    def __init__(self, name: str, candidates: tuple, challenger: str, calls: int, min_gain: float, warmup: int = 0):
+        if challenger not in candidates or len(candidates) < 2:
+            raise ValueError(f"MeasuredChoice {name!r}: the challenger {challenger!r} must be one of two or more "
+                             f"candidates {candidates}.")
+        self.name, self.candidates, self.challenger = name, tuple(candidates), challenger
+        self.calls, self.min_gain, self.warmup = calls, min_gain, warmup
+        self._decided: dict = {}
+        self._trials: dict = {}  # key -> {candidate: [seconds, ...]}, until decided
+        self._lock = threading.Lock()
+        _choices.add(self)
+
+    def decision(self, key):
+        """True (the challenger runs), False (the incumbent does) or None (still measuring). A dict read: the hot path."""
+        return self._decided.get(key)
+
+    def turn(self, key, preferred: int | None = None) -> str:
+        """The candidate to time on this call of `key`: `candidates[preferred % n]` (an owner alternating between
+        them, see `owner_turn`), or the one with the fewest timings where that one has all it needs or none is
+        preferred."""
+        with self._lock:
+            if key in self._decided:  # decided meanwhile by another thread: any candidate gives the answer
+                return self.candidates[0]
+            trials = self._trials.setdefault(key, {name: [] for name in self.candidates})
+            needed = self.calls + self.warmup
+            if preferred is not None:
+                name = self.candidates[preferred % len(self.candidates)]
+                if len(trials[name]) < needed:
+                    return name
+            return min(self.candidates, key=lambda name: len(trials[name]))
+
+    def time(self, key, candidate: str, run, *args):
+        """`run(*args)`, timed as one call of `candidate` for `key`; returns what it returns."""
+        start = clock()
+        result = run(*args)
+        self.record(key, candidate, clock() - start)
+        return result
+
+    def record(self, key, candidate: str, seconds: float) -> None:
+        """Add a timing; decide the key once every candidate has its `warmup + calls`. A timing that arrives after
+        the key was decided (another thread's) is dropped."""
+        with self._lock:
+            if key in self._decided:
+                return
+            trials = self._trials.setdefault(key, {name: [] for name in self.candidates})
+            trials[candidate].append(seconds)
+            if min(map(len, trials.values())) >= self.calls + self.warmup:
+                medians = {name: statistics.median(times[self.warmup:]) for name, times in trials.items()}
+                incumbent = min(seconds for name, seconds in medians.items() if name != self.challenger)
+                self._decided[key] = incumbent >= self.min_gain * medians[self.challenger]
+                del self._trials[key]
+
+    def decisions(self, pending: bool = False) -> dict:
+        """key -> True (challenger) / False (incumbent); with `pending`, keys still measured too, as None."""
+        with self._lock:
+            return (dict.fromkeys(self._trials) if pending else {}) | self._decided
+
+    def forget(self) -> None:
+        with self._lock:
+            self._decided.clear()
+            self._trials.clear()
+
+    def __getstate__(self):  # a lock cannot be pickled or deep-copied: the copy gets its own
+        with self._lock:
+            state = dict(vars(self), _decided=dict(self._decided), _trials={})
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state):
+        vars(self).update(state)
+        self._lock = threading.Lock()
+        _choices.add(self)
+
+
+def owner_turn(owner) -> int:
+    """How many timed calls `owner` (a layer) made before this one, counting this one. A layer's first call (0) is
+    not timed: its weight's first read after loading page-faults, and oneDNN builds its primitive then; later calls
+    alternate between the candidates, so that each is timed at every place in the model (inside a model the other
+    layers' weights pass through the cache between two calls of one layer, as they will when the choice runs).
+    Kept beside the layer, not on it: an attribute that changes on every call would change the module to whatever
+    watches it (runtimes/onnxruntime.py's check that the model is as traced)."""
+    global _timed_calls
+    with _turns_lock:
+        _timed_calls += 1
+        calls = _turns.get(owner, 0)
+        _turns[owner] = calls + 1
+    return calls
+
+
+def timed_calls() -> int:
+    """How many calls of any layer took part in a measurement so far (`owner_turn`): a caller timing a whole
+    forward can tell whether its call also measured kernels, and was slower for it."""
+    return _timed_calls
+
+
+def decisions() -> dict:
+    """Every choice's decisions so far: {choice name: {key: challenger?}} (keys still measured left out)."""
+    merged: dict = {}
+    for choice in list(_choices):
+        merged.setdefault(choice.name, {}).update(choice.decisions())
+    return merged
+
+
+def forget() -> None:
+    """Measure every choice again from its next call."""
+    for choice in list(_choices):
+        choice.forget()
+    with _turns_lock:
+        _turns.clear()
+
+
+__all__ = ["MeasuredChoice", "clock", "decisions", "forget", "owner_turn", "timed_calls"]
