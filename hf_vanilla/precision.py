@@ -29,7 +29,6 @@ import warnings
 import torch
 from torch import nn
 
-from . import kernels
 
 
 def cpu_flags() -> set:
@@ -113,15 +112,21 @@ class Int8Linear(nn.Module):
     fbgemm's own answer, 7-bit activations (`reduce_range=True`), lost more on MiniLM (lowest cosine 0.980, top-1
     neighbours 91.4%) than 7-bit weights (0.982, 94.1%; 8-bit weights where they did not overflow: 0.982, 91.8%).
 
-    Never slower than float32, measured: where a product is so small that the extra work (the scales, fbgemm's
-    quantization of x) costs more than int8 saves, the float32 projection runs instead, kept beside the int8 one.
-    As in `kernels.VanillaLinear`, the choice is measured per key (in_features, out_features, rows rounded up to a
-    power of two and capped at 1024, threads) on the first calls: they time int8, F.linear and (where kernels.py
-    would consider it) oneDNN in turn (per layer, after its first call, as `kernels.py` does), each as the first
-    to read its weight in its call, `CALIBRATION_CALLS` each, and all return the int8 result. Then the key runs
-    int8 only if the faster float32 kernel's median time is at least `MIN_GAIN` times int8's; otherwise the float32
-    projection (its own measured kernel) runs, which is also the more accurate answer. `int8_decisions()` shows
-    what was decided.
+    It owns its weight (docs/errors_and_safety.md, "Derived state"): the int8 weight is the layer's state, held
+    in fbgemm's packed form, and nothing else can write it, so nothing can leave it stale. There is no float32
+    weight in the model to edit beside it (`weight` says so, naming what to do instead). `load_state_dict` of a
+    float checkpoint quantizes the new weight (followed); `state_dict`, and so `save_pretrained`, writes the weight
+    under nn.Linear's name, dequantized: a float32 checkpoint of the very weights this layer computes with, which
+    any Hugging Face class loads, and which `quantize_int8` quantizes back to the same int8 weights (the same
+    answers within the parity rule). The bias is a live float32 parameter. Moved to another dtype or device, the
+    layer refuses to compute, with the fix.
+
+    One answer: every call computes int8, so the model answers the same whatever the request size, the thread
+    count or the machine's load (fbgemm accumulates in int32, exactly; only the final scaling rounds). An earlier
+    version fell back to float32 where int8 measured slower, which made a model's answer depend on what had been
+    measured: the two differ by the quantization error, far beyond the parity rule. On real models int8 is the
+    faster at every size benchmarks/engines.py times (docs/performance.md); on a toy model's 64 x 64 projections it
+    may not be, and there float32 is the better choice anyway.
 
     Inference only: the int8 weight has no gradient, so a call that would need one raises.
     """
@@ -129,109 +134,100 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.float_linear = linear  # where int8 measured no faster (see above); shares the model's tensors
-        weight = linear.weight.detach().float()
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self._quantize(linear.weight.detach())
+
+    def _quantize(self, weight: torch.Tensor) -> None:
+        """Make `weight` (out_features, in_features) this layer's int8 weight, and the float32 fallback from it."""
+        if weight.dtype != torch.float32 or weight.device.type != "cpu":
+            raise ValueError(f"quantize_int8 quantizes float32 weights on the CPU; got {weight.dtype} on "
+                             f"{weight.device}: call model.float().cpu() first.")
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"Int8Linear({self.in_features} -> {self.out_features}) got a weight of shape "
+                             f"{tuple(weight.shape)}.")
         scales = (weight.abs().amax(1).clamp_min(1e-12) / WEIGHT_LEVELS).double()  # symmetric, per output row
         zero_points = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors; fbgemm's prepack still takes one
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)  # fbgemm's own layout; bias added below
-        bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
-        self.register_buffer("int8_bias", bias.clone(), persistent=False)
 
-    def int8(self, x):
-        scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)  # (..., 1): each token's own range
-        y = torch.ops.quantized.linear_dynamic(x / scale, self._packed, False)  # (..., out): 8-bit inputs
-        return torch.addcmul(self.int8_bias, y, scale)
+    def __getattr__(self, name):
+        if name == "weight":  # an AttributeError still (hasattr(layer, "weight") is False), with the way out
+            raise AttributeError(
+                "Int8Linear has no float32 weight to read or edit: quantize_int8 replaced it by int8. To change it, "
+                "load_state_dict a float32 state dict (it is quantized anew), or edit the float32 model and "
+                "quantize again; dequantized_weight() returns a float32 copy.")
+        return super().__getattr__(name)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight this layer computes with, as a new float32 tensor (out_features, in_features)."""
+        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return qweight.dequantize()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.dequantized_weight()  # nn.Linear's name: any class loads it
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        name = prefix + "weight"
+        if name in state_dict:
+            weight = state_dict[name]
+            try:
+                self._quantize(weight.detach().to(torch.float32))
+            except ValueError as error:
+                error_msgs.append(f"{name}: {error}")
+        elif strict:
+            missing_keys.append(name)
+        own = {key: value for key, value in state_dict.items() if key.startswith(prefix) and key != name}
+        super()._load_from_state_dict(own, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def forward(self, x):
+        bias = self.bias
+        if x.dtype != torch.float32 or not x.is_cpu or (bias is not None and (bias.dtype != torch.float32
+                                                                                or not bias.is_cpu)):
+            where = x if bias is None or bias.dtype == torch.float32 and bias.is_cpu else bias
+            raise RuntimeError(f"This model's projections are int8 (quantize_int8), which computes float32 on the "
+                               f"CPU, and it now holds {where.dtype} on {where.device}: it was moved after "
+                               f"quantize_int8. Move it back (model.float().cpu()), or convert the float32 model "
+                               f"and quantize only a float32 CPU model.")
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("quantize_int8 made this model for inference: its int8 projections have no gradient. "
                                "Train the float32 model and quantize it afterwards.")
-        rows = max(x.numel() // self.in_features, 1)
-        key = (self.in_features, self.out_features, min(1 << (rows - 1).bit_length(), 1024), torch.get_num_threads())
-        use_int8 = _decisions.get(key)
-        if use_int8 is None:
-            return self._measure(key, x)
-        return self.int8(x) if use_int8 else self.float_linear(x)
-
-    def _measure(self, key, x):
-        """One calibration call: int8's result, after timing one kernel, as `kernels.py` calibrates: not on the
-        layer's first call (first reads of a fresh weight), then the kernels in turn from one call of this layer
-        to its next, so that every kernel is timed at every place in the model."""
-        weight, bias = self.float_linear.weight, self.float_linear.bias
-        candidates = {"int8": self.int8, "F.linear": lambda x: nn.functional.linear(x, weight, bias)}
-        if _onednn_considered(self.float_linear):
-            candidates["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        calls = kernels.calibration_call(self)  # this layer's before this one
-        if not calls:
-            return self.int8(x)
-        trials = _trials.setdefault(key, {name: [] for name in candidates})
-        names = list(trials)
-        name = names[calls % len(names)]
-        if len(trials[name]) >= CALIBRATION_CALLS:  # this one has its timings: the one with the fewest instead
-            name = min(names, key=lambda name: len(trials[name]))
-        start = time.perf_counter()
-        result = candidates[name](x)
-        trials[name].append(time.perf_counter() - start)
-        if name != "int8":
-            result = self.int8(x)
-        if min(map(len, trials.values())) >= CALIBRATION_CALLS:
-            medians = {name: statistics.median(seconds) for name, seconds in trials.items()}
-            _decisions[key] = min(v for n, v in medians.items() if n != "int8") >= MIN_GAIN * medians["int8"]
-            _trials.pop(key, None)
-        return result
+        scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)  # (..., 1): each token's own range
+        y = torch.ops.quantized.linear_dynamic(x / scale, self._packed, False)  # (..., out): 8-bit inputs
+        return y * scale if bias is None else torch.addcmul(bias, y, scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, per token"
 
 
-CALIBRATION_CALLS = 6  # timed calls of each kernel per key
-MIN_GAIN = 1.05  # int8 must be this much faster than float32's faster kernel; noise can only leave float32 in place
-_decisions: dict[tuple, bool] = {}  # key -> run int8
-_trials: dict[tuple, dict[str, list[float]]] = {}
-
-
-def int8_decisions() -> dict[tuple, bool]:
-    """What the measurement decided so far: (in_features, out_features, rows bucket, threads) -> int8?"""
-    return dict(_decisions)
-
-
-def forget_int8_decisions() -> None:
-    _decisions.clear()
-    _trials.clear()
-
-
-def _onednn_considered(linear) -> bool:
-    """Whether `kernels.VanillaLinear` may run this float32 product on oneDNN (its static conditions)."""
-    return (isinstance(linear, kernels.VanillaLinear) and kernels._ONEDNN and kernels.POLICY != "blas"
-            and linear.in_features * linear.out_features >= kernels.MIN_WEIGHTS and torch.backends.mkldnn.enabled)
-
-
 def quantize_int8(model):
     """Replace every layer's projections (W^Q, W^K, W^V, W^O, W1, W2 of every encoder and decoder layer) by
     `Int8Linear`, in place, and return the model. Embeddings, LayerNorms, attention itself, the pooler and the heads
-    stay float32. For inference on a CPU: call it after loading (the int8 weights are derived, not saved; save the
-    float32 model). A projection runs int8 only where that measured faster than float32 in this process (see
-    `Int8Linear`), so the model is never slower than float32 and at least as accurate as all-int8. Accuracy and
-    speed on this CPU against float32 and CTranslate2's int8: docs/performance.md; tests/test_precision.py holds
-    the accuracy on real sentences to a floor."""
+    stay float32. For inference on a float32 model on a CPU. The model then owns its int8 weights (see
+    `Int8Linear`): `save_pretrained` writes them dequantized under their float32 names, a checkpoint any class
+    loads and that `quantize_int8` turns back into this model. Calling it again on a quantized model changes nothing. Accuracy and speed on this CPU against float32
+    and CTranslate2's int8: docs/performance.md; tests/test_precision.py holds the accuracy on real sentences to a
+    floor."""
     if torch.backends.quantized.engine not in ("x86", "fbgemm"):
         raise RuntimeError(f"quantize_int8 runs fbgemm's int8 kernels (x86 CPUs); torch's quantized engine here is "
                            f"{torch.backends.quantized.engine!r}.")
     targets = [(module, name) for module in model.modules() for name, child in module.named_children()
-               if name in PROJECTIONS and isinstance(child, nn.Linear)]
+               if name in PROJECTIONS and isinstance(child, (nn.Linear, Int8Linear))]
     if not targets:
         raise ValueError(f"{type(model).__name__} has no projections named {', '.join(PROJECTIONS)}: quantize_int8 "
                          f"takes a model from hf_vanilla.")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:  # all checked before any is replaced
+        if tensor.is_floating_point() and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"):
+            raise ValueError(f"quantize_int8 takes a float32 model on the CPU, and {name} is {tensor.dtype} on "
+                             f"{tensor.device}: call model.float().cpu() first (int8 computes float32 activations).")
     for module, name in targets:
         child = getattr(module, name)
-        if child.weight.device.type != "cpu":
-            raise ValueError(f"quantize_int8 runs on the CPU; {name} is on {child.weight.device}.")
-        setattr(module, name, Int8Linear(child))
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear(child))
     return model.eval()
 
 
-__all__ = ["Int8Linear", "bf16_is_fast", "bf16_measured_faster", "cpu_flags", "forget_int8_decisions",
-           "int8_decisions", "native_bf16_cpu", "quantize_int8"]
+__all__ = ["Int8Linear", "bf16_is_fast", "bf16_measured_faster", "cpu_flags", "native_bf16_cpu", "quantize_int8"]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import hf_vanilla.precision as precision
-from hf_vanilla.precision import Int8Linear, bf16_is_fast, int8_decisions, native_bf16_cpu, quantize_int8
+from hf_vanilla.precision import Int8Linear, bf16_is_fast, native_bf16_cpu, quantize_int8
 
 # ---- bf16 ---------------------------------------------------------------------------------------------------------
 
@@ -64,24 +64,7 @@ def test_bf16_is_fast_is_false_for_other_devices():
 # ---- int8: mechanics on a small layer ---------------------------------------------------------------------------
 
 
-class _Always(dict):
-    """A decision table that answers `value` for every key: int8 everywhere (True) or float32 everywhere (False)."""
-
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
-
-    def get(self, key, default=None):
-        return self.value
-
-
-@pytest.fixture
-def all_int8(monkeypatch):
-    """Every projection in int8, whatever this CPU measures: the accuracy claims are about int8 itself."""
-    monkeypatch.setattr(precision, "_decisions", _Always(True))
-
-
-def test_int8_linear_is_the_product_up_to_quantization(all_int8):
+def test_int8_linear_is_the_product_up_to_quantization():
     """Relative error of one product ~1e-2 (7-bit weights, 8-bit tokens): a quality bound, not rounding. A
     transposed (non-contiguous) and a 3-D input give the same rows as a 2-D one."""
     torch.manual_seed(0)
@@ -96,7 +79,7 @@ def test_int8_linear_is_the_product_up_to_quantization(all_int8):
         torch.testing.assert_close(int8(rows.t().contiguous().t()), actual.reshape(14, 1536), rtol=0, atol=0)
 
 
-def test_int8_linear_keeps_a_token_of_small_activations_beside_a_large_one(all_int8):
+def test_int8_linear_keeps_a_token_of_small_activations_beside_a_large_one():
     """Per-token scales: a row 1000x smaller than its neighbour keeps its own accuracy (one scale per tensor would
     round it to nothing)."""
     torch.manual_seed(0)
@@ -108,25 +91,31 @@ def test_int8_linear_keeps_a_token_of_small_activations_beside_a_large_one(all_i
     assert ((actual - expected).norm() / expected.norm()).item() < 0.03
 
 
-def test_measured_choice_returns_int8_while_measuring_then_the_decided_kernel(monkeypatch):
-    """Calibration calls return int8's result; once decided, a key runs int8 or the float32 projection itself."""
-    monkeypatch.setattr(precision, "_decisions", {})
-    monkeypatch.setattr(precision, "_trials", {})
+def test_int8_linear_owns_its_weight_state_dict_and_load_state_dict():
+    """The int8 weight is the layer's state: `state_dict` writes it dequantized under nn.Linear's names (so any class
+    loads it), `load_state_dict` of a float32 state dict quantizes the new weight (answers as a fresh quantization
+    would), and there is no float32 weight beside it to go stale (`weight` says what to do instead)."""
     torch.manual_seed(0)
-    layer = Int8Linear(nn.Linear(256, 512))
-    x = torch.randn(8, 256)
+    linear = nn.Linear(256, 128)
+    layer = Int8Linear(linear)
+    x = torch.randn(5, 256)
+    state = layer.state_dict()
+    assert list(state) == ["weight", "bias"] and state["weight"].dtype == torch.float32
+    step = linear.weight.detach().abs().amax(1, keepdim=True) / 63  # 7-bit weights: half a step per row at most
+    assert ((state["weight"] - linear.weight.detach()).abs() <= step / 2 * (1 + 1e-6)).all()
     with torch.inference_mode():
-        expected_int8, expected_float = layer.int8(x), layer.float_linear(x)
-        calls = 0
-        while not int8_decisions():  # 2 kernels here (a plain nn.Linear is never sent to oneDNN), 6 calls each
-            torch.testing.assert_close(layer(x), expected_int8, rtol=0, atol=0)
-            calls += 1
-        assert calls == 1 + 2 * precision.CALIBRATION_CALLS  # the layer's first call is not timed
-        (key, use_int8), = int8_decisions().items()
-        assert key == (256, 512, 8, torch.get_num_threads())
-        torch.testing.assert_close(layer(x), expected_int8 if use_int8 else expected_float, rtol=0, atol=0)
-        monkeypatch.setattr(precision, "_decisions", _Always(False))
-        torch.testing.assert_close(layer(x), expected_float, rtol=0, atol=0)
+        reloaded = Int8Linear(nn.Linear(256, 128))
+        reloaded.load_state_dict(state)
+        assert torch.equal(reloaded(x), layer(x))  # the dequantized weights quantize back to the same int8
+        edited = {name: tensor * -0.5 for name, tensor in linear.state_dict().items()}
+        layer.load_state_dict(edited)
+        fresh = nn.Linear(256, 128)
+        fresh.load_state_dict(edited)
+        assert torch.equal(layer(x), Int8Linear(fresh)(x))
+    with pytest.raises(AttributeError, match="load_state_dict a float32 state dict"):
+        layer.weight  # noqa: B018
+    with pytest.raises(RuntimeError, match="size mismatch|shape"):
+        layer.load_state_dict({"weight": torch.zeros(3, 3), "bias": torch.zeros(128)})
 
 
 def test_int8_refuses_autograd_and_is_inference_only():
@@ -151,6 +140,28 @@ def test_quantize_int8_replaces_every_layer_projection_and_nothing_else(minilm_p
 def test_quantize_int8_refuses_a_model_without_projections():
     with pytest.raises(ValueError, match="no projections"):
         quantize_int8(nn.Sequential(nn.Linear(4, 4)))
+
+
+def test_quantize_int8_takes_float32_once_and_refuses_a_later_move():
+    """A bfloat16 model is refused before anything is replaced (it used to fail at its first forward, then claim
+    it had no projections); a second call changes nothing; a quantized model moved to bfloat16 refuses to compute,
+    naming the fix, instead of mixing dtypes."""
+    from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
+
+    config = VanillaEncoderConfig(vocab_size=50, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                  intermediate_size=128)
+    model = VanillaEncoderModel(config).eval().to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"float32 model on the CPU.*bfloat16.*model\.float\(\)"):
+        quantize_int8(model)
+    assert not any(isinstance(module, Int8Linear) for module in model.modules())
+    model = quantize_int8(model.float())
+    layers = [module for module in model.modules() if isinstance(module, Int8Linear)]
+    assert quantize_int8(model) is model and [m for m in model.modules() if isinstance(m, Int8Linear)] == layers
+    ids = torch.randint(0, 50, (2, 5))
+    with torch.inference_mode():
+        model(ids)
+        with pytest.raises(RuntimeError, match=r"moved after quantize_int8.*model\.float\(\)"):
+            model.to(torch.bfloat16)(ids)
 
 
 # ---- int8: accuracy on real sentences ---------------------------------------------------------------------------
@@ -188,7 +199,7 @@ def lee_sentences(count):
     return sentences[:count]
 
 
-def test_int8_accuracy_on_real_sentences(minilm_path, all_int8):
+def test_int8_accuracy_on_real_sentences(minilm_path):
     from transformers import AutoTokenizer
 
     from hf_vanilla import VanillaEncoderModel
