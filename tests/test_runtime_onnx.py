@@ -15,9 +15,10 @@ Against transformers' own models on the same weights (small random BERTs with th
   Runtime; changes of structure or config run PyTorch, with a warning naming the fix; a deep copy runs its own
   weights;
 - the cache (issue 29, item 2): a second attach reuses the graph without exporting; a truncated, emptied, replaced
-  or forged entry, or a directory in its place, is exported again; the folder comes from `runtime_options`, then
+  or forged entry is exported again; a directory in its place is left alone (issue 33: the cache removes only files
+  it can tell it wrote) and the graph runs from memory; the folder comes from `runtime_options`, then
   $HF_VANILLA_ONNX_CACHE; a cache that cannot be written gives one warning and still runs ONNX Runtime; leftovers
-  of dead exports are removed;
+  of dead exports are removed, and nothing of the user's beside them;
 - the registry: an unknown name or a missing extra is a one-line error (where the engines sit in the import graph:
   tests/test_architecture.py);
 - the grouping of rows by length covers every row once, trimmed to each group's longest row.
@@ -414,7 +415,7 @@ def assert_answers_on_onnx_runtime(model, eager):
     assert calls.count == 1
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "a directory", "another model's graph",
+@pytest.mark.parametrize("damage", ["truncated", "empty", "another model's graph",
                                     "another model's graph, with our key", "a forged graph of the same signature"])
 def test_a_damaged_cache_entry_is_exported_again(base, tmp_path, exports, damage):
     _, _, eager, _ = base
@@ -427,10 +428,6 @@ def test_a_damaged_cache_entry_is_exported_again(base, tmp_path, exports, damage
         entry.write_bytes(graph[: len(graph) // 2])
     elif damage == "empty":
         entry.write_bytes(b"")
-    elif damage == "a directory":
-        entry.unlink()
-        entry.mkdir()
-        (entry / "model.onnx").write_bytes(graph)
     else:
         # One layer fewer, or the same layers reading positions from 2 on: the same inputs and outputs.
         change = {"position_offset": 2} if damage.startswith("a forged") else {"num_hidden_layers": 1}
@@ -444,6 +441,22 @@ def test_a_damaged_cache_entry_is_exported_again(base, tmp_path, exports, damage
     assert exports.count(key) == 2  # once at first, once again to repair
     (repaired,) = cache.glob("encoder-*.onnx")
     assert repaired.read_bytes() == graph
+    assert_answers_on_onnx_runtime(model, eager)
+
+
+def test_a_directory_in_a_graphs_place_is_not_the_caches_to_remove(base, tmp_path, exports):
+    """The cache writes regular files only: a folder under a graph's name is somebody else's. It stays, whole; the
+    graph is exported again and runs from memory, with the one warning of a cache that cannot be written."""
+    _, _, eager, _ = base
+    cache = tmp_path / "cache"
+    use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    (entry,) = cache.glob("encoder-*.onnx")
+    entry.unlink()
+    entry.mkdir()
+    (entry / "notes.txt").write_text("mine")
+    with pytest.warns(UserWarning, match="cannot be written"):
+        model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    assert (entry / "notes.txt").read_text() == "mine" and len(exports) == 2
     assert_answers_on_onnx_runtime(model, eager)
 
 
@@ -486,7 +499,10 @@ def test_a_cache_that_cannot_be_written_warns_once_and_still_runs(base, tmp_path
     assert_answers_on_onnx_runtime(model, eager)
 
 
-def test_leftovers_of_dead_exports_are_removed(base, tmp_path, exports):
+def test_leftovers_of_dead_exports_are_removed_and_nothing_else(base, tmp_path, exports):
+    """Only the cache's own staging files (`.export-<host>-<pid>-<8 hex>.onnx`, regular files) of dead processes go;
+    a user's files and folders whose names merely start with `.export-`, however old, stay (issue 33, item 6: a
+    user's `.export-notes.txt` and `.export-photos/` were removed)."""
     _, _, eager, _ = base
     host = socket.gethostname()
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -495,19 +511,24 @@ def test_leftovers_of_dead_exports_are_removed(base, tmp_path, exports):
     entries = {
         f".export-{host}-{finished.pid}-0123abcd.onnx": False,  # its process is gone
         f".export-{host}-{os.getpid()}-0123abcd.onnx": True,  # a live process's write
-        ".export-k3j4h5g6": True,  # an older version's export folder, recent: maybe still being written
-        ".export-q8w7e6r5": False,  # the same, two days old
+        ".export-otherhost-12-0123abcd.onnx": False,  # another host's, two days old
+        ".export-notes.txt": True,  # the user's, two days old
+        ".export-photos": True,  # the user's folder, two days old
+        f".export-{host}-{finished.pid}-0123abcd.onnx.keep": True,  # not a name the cache writes
+        ".export-k3j4h5g6": True,  # a folder: the cache writes none
     }
     for name in entries:
         path = tmp_path / name
-        if name.endswith(".onnx"):
+        if "." in name[1:]:
             path.write_bytes(b"partial")
         else:
             path.mkdir()
             (path / "model.onnx").write_bytes(b"partial")
-    os.utime(tmp_path / ".export-q8w7e6r5", (old, old))
+        os.utime(path, (old, old))
+    os.utime(tmp_path / f".export-{host}-{os.getpid()}-0123abcd.onnx")  # being written now
     use_onnx_runtime(copy.deepcopy(eager), cache_dir=tmp_path)
     assert {name for name in entries if (tmp_path / name).exists()} == {n for n, kept in entries.items() if kept}
+    assert (tmp_path / ".export-photos" / "model.onnx").exists()
 
 
 def test_export_prints_nothing(base, tmp_path, capfd):
@@ -543,23 +564,30 @@ def test_registry_errors_are_one_line(tmp_path_factory, minilm_path, monkeypatch
         assert str(caught.value) == f"runtime={name!r} {message}"
 
 
-class _Slowed:
-    """A session or forward that takes 20 ms more per call: which engine is faster must not depend on this CPU."""
+class _Costing:
+    """A session or forward that takes `seconds` more per call on the scripted clock (tests/conftest.py): which
+    engine is faster must not depend on this CPU, nor on what else the machine is doing."""
 
-    def __init__(self, wrapped):
-        self.wrapped = wrapped
+    def __init__(self, wrapped, clock, seconds):
+        self.wrapped, self.clock, self.seconds = wrapped, clock, seconds
 
     def run(self, *args, **kwargs):
-        time.sleep(0.02)
+        self.clock.advance(self.seconds)
         return self.wrapped.run(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        time.sleep(0.02)
+        self.clock.advance(self.seconds)
         return self.wrapped(*args, **kwargs)
 
 
+def _race(runner, faster, clock):
+    """ONNX Runtime and PyTorch cost 1 ms and 21 ms a call on the scripted clock, the loser the 21."""
+    runner.session = _Costing(runner.session, clock, 1e-3 if faster == "ONNX Runtime" else 21e-3)
+    runner.forward = _Costing(runner.forward, clock, 1e-3 if faster == "PyTorch" else 21e-3)
+
+
 @pytest.mark.parametrize("faster", ["ONNX Runtime", "PyTorch"])
-def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster):
+def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster, scripted_clock):
     """By default the first calls of a request size are answered by ONNX Runtime and PyTorch in turn, each timed,
     every answer PyTorch's within the rule; then the size runs the faster one only. Another size is measured apart."""
     monkeypatch.setattr(engine, "CHOICE", "measure")
@@ -567,54 +595,52 @@ def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster):
     model = copy.deepcopy(eager)
     use_onnx_runtime(model, cache_dir=base[3])
     (runner,) = engines(model)
-    if faster == "PyTorch":
-        runner.session = _Slowed(runner.session)
-    else:
-        runner.forward = _Slowed(runner.forward)
+    _race(runner, faster, scripted_clock)
     input_ids, mask = padded_batch([9, 14, 5])
     calls = Calls(model)
     with torch.inference_mode():
         expected = eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
         for _ in range(2 * (engine.CHOICE_CALLS + 1)):
-            assert not runner.choices
+            assert not runner.choice.decisions()
             assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
         assert calls.count == engine.CHOICE_CALLS + 1  # half the calls (these rows run as one group: one call each)
-        assert list(runner.choices.values()) == [faster == "ONNX Runtime"]
+        assert list(runner.choice.decisions().values()) == [faster == "ONNX Runtime"]
         before = calls.count
         assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
         assert (calls.count > before) == (faster == "ONNX Runtime")
         model(input_ids=input_ids[:1, :4])  # another size: measured anew
-        assert len(runner.choices) == 1 and len(runner.trials) == 1
+        assert len(runner.choice.decisions()) == 1 and len(runner.choice.decisions(pending=True)) == 2
     assert set(runtime_choices(model).values()) == {faster == "ONNX Runtime", None}
 
 
-def test_pytorch_calls_that_calibrate_kernels_are_not_timed(base, monkeypatch):
+def test_pytorch_calls_that_calibrate_kernels_are_not_timed(base, monkeypatch, scripted_clock):
     """PyTorch's first calls of a new size may also time its products' two kernels (kernels.py), which makes them
     slower than PyTorch will be: those calls are not counted. Here they take 60 ms more and say so through
-    kernels' counter, PyTorch is otherwise the faster (ONNX Runtime is slowed by 20 ms): PyTorch must be chosen."""
-    from hf_vanilla import kernels
+    measure's counter of timed calls; PyTorch is otherwise the faster (1 ms against 21): PyTorch must be chosen."""
+    from hf_vanilla import measure
 
     monkeypatch.setattr(engine, "CHOICE", "measure")
     _, _, eager, _ = base
     model = copy.deepcopy(eager)
     use_onnx_runtime(model, cache_dir=base[3])
     (runner,) = engines(model)
-    runner.session = _Slowed(runner.session)
+    _race(runner, "PyTorch", scripted_clock)
     forward, pytorch_calls = runner.forward, []
 
     def calibrating_at_first(*args, **kwargs):
         pytorch_calls.append(1)
         if len(pytorch_calls) <= 3:
-            monkeypatch.setattr(kernels, "_calibration_count", kernels._calibration_count + 1)
-            time.sleep(0.06)
+            monkeypatch.setattr(measure, "_timed_calls", measure._timed_calls + 1)
+            scripted_clock.advance(0.06)
         return forward(*args, **kwargs)
 
     runner.forward = calibrating_at_first
     input_ids, mask = padded_batch([9, 14, 5])
     with torch.inference_mode():
-        while not runner.choices:
+        while not runner.choice.decisions():
             model(input_ids=input_ids, attention_mask=mask)
-    assert list(runner.choices.values()) == [False] and len(pytorch_calls) == 3 + engine.CHOICE_CALLS + 1
+    assert list(runner.choice.decisions().values()) == [False]
+    assert len(pytorch_calls) == 3 + engine.CHOICE_CALLS + 1
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])

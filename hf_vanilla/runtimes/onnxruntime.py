@@ -56,9 +56,11 @@ default `~/.cache/hf_vanilla/onnx`), as `encoder-<key>-<digest>.onnx`. The key h
 from (`_structure`: classes, attributes, shapes, config), the source files of the model's code and the versions of
 torch, transformers, onnx and onnxscript; the digest is the file's own sha256, and the key is also written inside
 the graph. A file is used only when its bytes match its digest, its key is the one asked for, and it gives
-PyTorch's answer on a short padded request; anything else (truncated, emptied, replaced, a directory in its place)
-is removed and exported again. Writes are atomic (`.export-<host>-<pid>-*`, then a rename); such leftovers of
-processes that died are removed. A cache that cannot be written is used read-only, with a one-line warning: the
+PyTorch's answer on a short padded request; anything else (truncated, emptied, replaced) is removed and exported
+again. Writes are atomic (`.export-<host>-<pid>-<8 hex>.onnx`, then a rename); such leftovers of processes that died
+are removed. The cache removes nothing else: only regular files named as it names them (`GRAPH_NAME`,
+`STAGING_NAME`), never a folder, a link or another file, since the folder it points at may be the user's (a
+directory in a graph's place is left, and the graph is then kept in memory, with the warning below). A cache that cannot be written is used read-only, with a one-line warning: the
 graph is then exported in memory by every process that needs it. Exporting takes 10-30 s per architecture (once);
 attaching a cached graph, a few hundred milliseconds.
 """
@@ -70,9 +72,7 @@ import json
 import operator
 import os
 import re
-import shutil
 import socket
-import statistics
 import sys
 import time
 import warnings
@@ -91,7 +91,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..export import export_encoder_reading_weights
-from ..kernels import calibration_calls
+from .. import measure
 
 CACHE_FORMAT = 2  # bump when the exported graph changes for the same key (2: weights are graph inputs)
 CACHE_ENV = "HF_VANILLA_ONNX_CACHE"
@@ -112,7 +112,7 @@ CHOICE_MIN_GAIN = 1.05  # ONNX Runtime must be this much faster: noise can only 
 # room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
 # runtime's answers to.
 PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
-# Leftovers of an export whose process cannot be checked (another host, or an older hf_vanilla) go after a day.
+# Leftovers of an export whose process cannot be checked (another host) go after a day.
 STALE_SECONDS = 24 * 3600
 
 
@@ -140,7 +140,7 @@ def runtime_choices(model) -> dict[tuple, bool | None]:
     for module in model.modules():
         engine = vars(module).get("forward")
         if isinstance(engine, OnnxEncoder):
-            choices.update(dict.fromkeys(engine.trials) | engine.choices)
+            choices.update(engine.choice.decisions(pending=True))
     return choices
 
 
@@ -193,12 +193,10 @@ class OnnxEncoder:
         outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(unit, "pooler", None) is not None else ())
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if unit.config.type_vocab_size > 0 else [])
         key = _cache_key(unit, structure, inputs, outputs)
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         cached = cache.load(key)
         if cached is not None:
             try:  # its bytes and key check out; it must still read this unit's tensors and give its answer
-                engine = cls(unit, structure, onnxruntime.InferenceSession(cached, options, providers=PROVIDERS))
+                engine = cls(unit, structure, cached, threads)
                 if engine.probe() <= PROBE_TOLERANCE:
                     unit.forward = engine
                     return
@@ -207,7 +205,7 @@ class OnnxEncoder:
             cache.discard(key)  # not this model's graph: export anew
         data = _export(unit, inputs, outputs, key)
         cache.store(key, data)
-        engine = cls(unit, structure, onnxruntime.InferenceSession(data, options, providers=PROVIDERS))
+        engine = cls(unit, structure, data, threads)
         difference = engine.probe()
         if difference > PROBE_TOLERANCE:
             warnings.warn(f"ONNX Runtime's graph of {type(unit).__name__} differs from PyTorch by {difference:.2e} "
@@ -215,12 +213,14 @@ class OnnxEncoder:
             return
         unit.forward = engine
 
-    def __init__(self, unit, structure: dict, session):
+    def __init__(self, unit, structure: dict, graph: bytes, threads: int):
         self.unit = unit
         self.forward = unit.forward  # the unit's own: PyTorch, wherever ONNX Runtime cannot answer
         self.signature = inspect.signature(self.forward)
         self.structure = structure  # what the graph was traced from
-        self.session = session
+        self.code = _class_code(unit)  # and the code it ran: every class attribute of every module's classes
+        self.graph, self.threads = graph, threads  # the graph holds no weight: a few hundred kB
+        self.session = session = _session(graph, threads)
         shapes = {i.name: i.shape for i in session.get_inputs()}
         self.token_types = "token_type_ids" in shapes
         self.weights = [name for name in shapes if name not in ("input_ids", "attention_mask", "token_type_ids")]
@@ -231,20 +231,53 @@ class OnnxEncoder:
         self.body = unit.config.model_type == "vanilla_encoder"  # a body, with its output class; else a stack
         self.state = None  # (_Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
         self.warned = False
-        self.choices = {}  # request size (`_size_key`) -> run ONNX Runtime (else PyTorch), measured by `_measure`
-        self.trials = {}  # request size -> {ONNX Runtime?: [seconds of each call so far]}
+        # Per request size (`_size_key`): ONNX Runtime (the challenger) or PyTorch, measured by `_measure`.
+        self.choice = measure.MeasuredChoice("runtime: ONNX Runtime?", ("onnxruntime", "pytorch"), "onnxruntime",
+                                             CHOICE_CALLS, CHOICE_MIN_GAIN, warmup=1)
 
     def __deepcopy__(self, memo):
         """The copy's engine: the same session (it cannot be copied, and needs not: the graph holds no weight),
         bound to the copy of the unit, whose weights it feeds once it has checked them (first call)."""
-        clone = copy.copy(self)
+        clone = object.__new__(type(self))
+        vars(clone).update(vars(self))  # not copy.copy, which would pickle (and rebuild) the session
         clone.unit = copy.deepcopy(self.unit, memo)  # from `memo`: the copy being made
         clone.forward = copy.deepcopy(self.forward, memo)
         clone.state, clone.warned = None, False
-        clone.choices, clone.trials = dict(self.choices), {}  # the same machine: the sizes decided stay decided
+        clone.choice = copy.deepcopy(self.choice)  # the same machine: the sizes decided stay decided
         return clone
 
+    def __getstate__(self):
+        """Pickled with the model (`torch.save(model)`): the graph's bytes instead of the session, which cannot be
+        pickled; the unit's own forward and its classes' code are found again at the first call after loading."""
+        own = self.forward
+        if inspect.ismethod(own) and own.__self__ is self.unit and own.__func__ is getattr(type(self.unit),
+                                                                                           "forward", None):
+            own = None  # pickled as getattr(unit, "forward"), it would come back as this engine
+        return dict(vars(self), forward=own, session=None, signature=None, code=None, state=None, warned=False)
+
+    def __setstate__(self, state):
+        vars(self).update(state)
+        self.session = _session(self.graph, self.threads)
+
+    def _reattach(self) -> None:
+        """After loading a pickled model: find the unit's forward and code again, and check that the graph is still
+        the one this code and these versions would export (`_cache_key`); where it is not (another hf_vanilla,
+        torch or transformers, a patched class), the unit runs in PyTorch, with a warning naming the fix."""
+        unit = self.unit
+        if self.forward is None:
+            self.forward = getattr(type(unit), "forward").__get__(unit)
+        self.signature, self.code = inspect.signature(self.forward), _class_code(unit)
+        inputs = [i.name for i in self.session.get_inputs() if i.name not in self.weights]
+        if _written_key(self.graph) != _cache_key(unit, self.structure, inputs, self.outputs):
+            self.structure = {}  # never equal again: every call runs PyTorch
+            warnings.warn(f"The ONNX Runtime graph pickled with this {type(unit).__name__} is not the one this "
+                          f"code and these versions export: it runs in PyTorch. Call "
+                          f"hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model) again.", stacklevel=4)
+            self.warned = True
+
     def __call__(self, *args, **kwargs):
+        if self.code is None:  # the first call after unpickling
+            self._reattach()
         # Keyword calls (every Hugging Face caller's) need no binding: 6 us of a 3 ms request.
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
         request = self._request(arguments)
@@ -253,29 +286,26 @@ class OnnxEncoder:
         if CHOICE == "engine":
             return self._answer(request, arguments)
         key = _size_key(request[0]["attention_mask"])
-        engine = self.choices.get(key)
+        engine = self.choice.decision(key)
         if engine is None:
             return self._measure(key, request, arguments, args, kwargs)
         return self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
 
     def _measure(self, key, request, arguments, args, kwargs):
         """A call of a request size not decided yet: ONNX Runtime and PyTorch answer in turn (the same answer within
-        the parity rule), each timed, until each has `CHOICE_CALLS` + 1 timings (the first of each is left out:
-        allocations); then the size runs ONNX Runtime only if PyTorch's median time is at least `CHOICE_MIN_GAIN`
-        times ONNX Runtime's. A PyTorch call that also measured its products' kernels (kernels.py computes two
-        products where it times one) is not counted: it would make PyTorch look slower than it will be."""
-        trials = self.trials.setdefault(key, {True: [], False: []})
-        engine = len(trials[True]) <= len(trials[False])
-        measured = calibration_calls()
-        start = time.perf_counter()
-        output = self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
-        seconds = time.perf_counter() - start
-        if engine or calibration_calls() == measured:  # PyTorch's call did not also time kernels (kernels.py)
-            trials[engine].append(seconds)
-        if min(map(len, trials.values())) > CHOICE_CALLS:
-            engine_s, pytorch_s = (statistics.median(trials[path][1:]) for path in (True, False))
-            self.choices[key] = pytorch_s >= CHOICE_MIN_GAIN * engine_s
-            del self.trials[key]
+        the parity rule), each timed (hf_vanilla/measure.py), until each has `CHOICE_CALLS` + 1 timings (the first of
+        each is left out: allocations); then the size runs ONNX Runtime only if PyTorch's median time is at least
+        `CHOICE_MIN_GAIN` times ONNX Runtime's. A PyTorch call that also measured its products' kernels (kernels.py
+        computes two products where it times one) is not counted: it would make PyTorch look slower than it will
+        be."""
+        path = self.choice.turn(key)
+        if path == "onnxruntime":
+            return self.choice.time(key, path, self._answer, request, arguments)
+        measured = measure.timed_calls()
+        start = measure.clock()
+        output = self.forward(*args, **kwargs)
+        if measure.timed_calls() == measured:  # PyTorch's call did not also time kernels (kernels.py)
+            self.choice.record(key, path, measure.clock() - start)
         return output
 
     def _request(self, arguments: dict):
@@ -322,11 +352,15 @@ class OnnxEncoder:
         """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the
         same, its weights as numpy views (no copy) for the graph's inputs; None where PyTorch must run."""
         unit = self.unit
-        structure = _structure(unit)
-        if structure != self.structure:
+        structure, code = _structure(unit), _class_code(unit)
+        if structure != self.structure or code != self.code:
             if not self.warned:
+                difference = _difference(self.structure, structure) if structure != self.structure else next((
+                    f"{cls.__qualname__}.{name}" for cls, attributes in code.items()
+                    for name in set(attributes) | set(self.code.get(cls, {}))
+                    if attributes.get(name) is not self.code.get(cls, {}).get(name)), "a class attribute")
                 warnings.warn(f"{type(unit).__name__} changed after use_onnx_runtime traced it "
-                              f"({_difference(self.structure, structure)}): it runs in PyTorch. Call "
+                              f"({difference}): it runs in PyTorch. Call "
                               f"hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model) again to run it on ONNX "
                               f"Runtime.", stacklevel=5)
                 self.warned = True
@@ -415,7 +449,7 @@ class _Watch:
     """Whether anything but the weights' values changed since it was made: the check on every call.
 
     Every module's attribute dict and its parameter, buffer, submodule and forward hook registries, the config's
-    fields and torch's global forward hooks are compared with shallow copies (the same objects, so a dict compares
+    fields, torch's global forward hooks and the attribute dicts of the modules' classes are compared with shallow copies (the same objects, so a dict compares
     by identity, in C); the attribute dicts themselves, the modules' classes likewise; and the tensors fed to the
     graph by data pointer, shape, stride, dtype and device. A change that bypasses all of these leaves the graph's
     answer right: a write into the weights' memory is what the graph reads. Every comparison is a `map` over a flat
@@ -428,7 +462,8 @@ class _Watch:
         self.owners = modules + list(configs.values())  # whose attribute dict must stay the same object
         self.states = list(map(vars, self.owners))
         self.dicts = self.states + [registry for m in modules for registry in (
-            m._parameters, m._buffers, m._modules, m._forward_hooks, m._forward_pre_hooks)] + list(_GLOBAL_HOOKS)
+            m._parameters, m._buffers, m._modules, m._forward_hooks, m._forward_pre_hooks)] + list(_GLOBAL_HOOKS) \
+            + list(map(vars, _classes(self.owners)))  # a method patched on a class (the graph runs the old one)
         self.copies = list(map(dict, self.dicts))
         self.types = list(map(type, self.owners))
         self.tensors, self.meta = tensors, _tensor_meta(tensors)
@@ -440,6 +475,17 @@ class _Watch:
                     and _tensor_meta(self.tensors) == self.meta)
         except (RuntimeError, ValueError):  # an attribute replaced by a tensor or array: == is elementwise
             return False
+
+
+def _classes(objects) -> list:
+    """Every class in the MROs of `objects`' classes but `object`."""
+    return list({cls: None for obj in objects for cls in type(obj).__mro__ if cls is not object})
+
+
+def _class_code(unit) -> dict:
+    """What the unit's modules' classes (and their bases) hold, each attribute by identity: a method patched on a
+    class after tracing (`VanillaFeedForward.forward = patched`) changes what PyTorch runs but not the graph."""
+    return {cls: dict(vars(cls)) for cls in _classes(unit.modules())}
 
 
 def _tensor_meta(tensors: list) -> tuple:
@@ -574,7 +620,7 @@ class GraphCache:
         self._remove_stale_exports()
         for path in sorted(self.directory.glob(f"encoder-{key}-*.onnx")):
             try:
-                data = path.read_bytes() if path.is_file() else None
+                data = path.read_bytes() if _ours(path, GRAPH_NAME) else None
             except OSError:  # unreadable: as good as absent
                 continue
             if data is not None and path.stem.endswith(hashlib.sha256(data).hexdigest()[:16]) \
@@ -605,22 +651,25 @@ class GraphCache:
             self._remove(path)
 
     def _remove(self, path: Path) -> None:
+        """Remove `path` if this cache can tell it wrote it (`_ours`): a folder the cache points at may be the
+        user's own, and a directory, a link or a file of another name in it is theirs."""
+        if not (_ours(path, GRAPH_NAME) or _ours(path, STAGING_NAME)):
+            return
         try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         except OSError as error:
             self._cannot_write(error)
 
     def _remove_stale_exports(self) -> None:
-        """Remove `.export-*` leftovers of processes that died mid-write: this host's, when their process is gone;
-        any other (another host's, an older version's `.export-XXXXXXXX/`), once a day old."""
+        """Remove this cache's own `.export-<host>-<pid>-<8 hex>.onnx` files of processes that died mid-write: this
+        host's, when their process is gone; another host's, once a day old."""
         host = socket.gethostname()
-        for path in self.directory.glob(".export-*"):
-            match = re.fullmatch(r"\.export-(.+)-(\d+)-[0-9a-f]{8}\.onnx", path.name)
+        for path in self.directory.glob(".export-*.onnx"):
+            match = STAGING_NAME.fullmatch(path.name)
+            if not match or not _ours(path, STAGING_NAME):
+                continue
             try:
-                if match and match[1] == host:
+                if match[1] == host:
                     stale = not _process_alive(int(match[2]))
                 else:
                     stale = time.time() - path.lstat().st_mtime > STALE_SECONDS
@@ -635,6 +684,22 @@ class GraphCache:
                           f"memory by every process. Set ${CACHE_ENV} or runtime_options={{'cache_dir': ...}} to a "
                           f"writable folder.", stacklevel=5)
             self.warned = True
+
+
+# The only names the cache writes, and so the only ones it removes: regular files, never folders or links.
+GRAPH_NAME = re.compile(r"encoder-[0-9a-f]{32}-[0-9a-f]{16}\.onnx")
+STAGING_NAME = re.compile(r"\.export-(.+)-(\d+)-[0-9a-f]{8}\.onnx")
+
+
+def _ours(path: Path, name: re.Pattern) -> bool:
+    """Whether `path` is a file this cache writes: a regular file (not a folder, not a link) named as it names them."""
+    return bool(name.fullmatch(path.name)) and path.is_file() and not path.is_symlink()
+
+
+def _session(graph: bytes, threads: int):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(graph, options, providers=PROVIDERS)
 
 
 def _written_key(data: bytes) -> str | None:
