@@ -1,0 +1,384 @@
+"""Every execution path answers as plain PyTorch on the same model, or refuses clearly (issue 33).
+
+A fast path that keeps something derived from the model (a graph, a quantized weight, a timing decision) owns it:
+every way of changing the source is followed or refused, what it saves reloads to the same answers, and calls from
+many threads are safe (docs/errors_and_safety.md, "Derived state"). As transformers' `ModelTesterMixin` runs one
+battery over every model, this file runs one battery over every path in `PATHS`: adding a path is adding a row.
+
+A path is a way to run a float32 `VanillaEncoderModel` (`make`), and what it must answer (`expected`): for most, the
+plain float32 model after the same edit, at the float32 rule (tests/numerics.py); for int8, a fresh `quantize_int8`
+of the edited float32 model (int8 owns its weights: its answer is the quantization's, exactly); for bfloat16, the
+float32 model at bfloat16's rule. The battery: right and left padding and `inputs_embeds`; ten kinds of weight edit,
+a module replaced and a method patched on a class; concurrent calls from several threads; save_pretrained and
+from_pretrained; pickling and deep copies; a thread-count change; a later dtype move.
+
+Compiled runs `torch.compile` with the aot_eager backend: what a compiled model follows is decided by dynamo's
+guards, whichever backend generates the code (Inductor without freezing, its default, reads the parameters live
+too), and aot_eager compiles in a second where Inductor takes fifteen on 2 cores.
+"""
+
+import copy
+import io
+import threading
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+from numerics import assert_close
+from torch import nn
+
+from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel, transformer
+from hf_vanilla.precision import Int8Linear, quantize_int8
+
+pytestmark = pytest.mark.numerics
+
+CONFIG = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+              max_position_embeddings=64)
+
+
+@dataclass
+class Path:
+    name: str
+    make: Callable  # a float32 model -> the path's model (the argument is the path's own copy)
+    dtype: torch.dtype = torch.float32  # the rule it is held to
+    reload: Callable = staticmethod(lambda directory: VanillaEncoderModel.from_pretrained(directory))
+
+    def expected(self, plain):
+        """What the path must answer for the (edited) float32 model `plain`."""
+        return quantize_int8(copy.deepcopy(plain)) if self.name == "int8" else plain
+
+
+def _runtime(choice):
+    def make(model):
+        from hf_vanilla.runtimes import onnxruntime as engine
+        engine.CHOICE = choice  # restored by the `paths` fixture
+        return engine.use_onnx_runtime(model, cache_dir=_GRAPHS[0])
+    return make
+
+
+def _runtime_reload(directory):
+    return VanillaEncoderModel.from_pretrained(directory, runtime="onnxruntime",
+                                               runtime_options={"cache_dir": _GRAPHS[0]})
+
+
+_GRAPHS = []  # the session's graph cache folder, set by the `paths` fixture
+PATHS = [
+    Path("eager", lambda model: model),
+    Path("runtime forced", _runtime("engine"), reload=_runtime_reload),
+    Path("runtime chosen", _runtime("measure"), reload=_runtime_reload),
+    Path("int8", quantize_int8, reload=lambda directory: quantize_int8(VanillaEncoderModel.from_pretrained(directory))),
+    Path("bf16", lambda model: model.to(torch.bfloat16), torch.bfloat16,
+         reload=lambda directory: VanillaEncoderModel.from_pretrained(directory, dtype=torch.bfloat16)),
+    Path("compiled", lambda model: torch.compile(model, backend="aot_eager")),
+]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    torch.manual_seed(0)
+    return VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+
+
+@pytest.fixture(params=PATHS, ids=lambda path: path.name)
+def path(request, tmp_path_factory, monkeypatch):
+    from hf_vanilla.runtimes import onnxruntime as engine
+    if not _GRAPHS:
+        _GRAPHS.append(tmp_path_factory.mktemp("graphs"))
+    monkeypatch.setattr(engine, "CHOICE", engine.CHOICE)
+    torch._dynamo.reset()
+    return request.param
+
+
+@pytest.fixture
+def pair(plain, path):
+    """(the reference float32 model, the path's model), each its own copy of the same weights."""
+    reference = copy.deepcopy(plain)
+    with _quiet():
+        return reference, path.make(copy.deepcopy(plain))
+
+
+class _quiet:
+    """Warnings ignored: a path that falls back to PyTorch says so once (runtimes/onnxruntime.py), which is right
+    and not what these tests check."""
+
+    def __enter__(self):
+        self.catcher = warnings.catch_warnings()
+        self.catcher.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        self.catcher.__exit__(*exc)
+
+
+def batch(lengths=(7, 3), left=False, T=None):
+    T = T or max(lengths)
+    generator = torch.Generator().manual_seed(sum(lengths) + len(lengths))
+    input_ids = torch.randint(1, CONFIG["vocab_size"], (len(lengths), T), generator=generator)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, T - length:] = 1 if left else 0
+        mask[row, :length] = 0 if left else 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+def answer(model, inputs):
+    """(hidden states at the real tokens, pooled output) as float32."""
+    with torch.inference_mode(), _quiet():
+        output = model(**inputs)
+    real = inputs["attention_mask"].bool()
+    return output.last_hidden_state[real].float(), output.pooler_output.float()
+
+
+def assert_answers(path, model, reference, inputs):
+    expected = answer(path.expected(reference), inputs)
+    for got, want in zip(answer(model, inputs), expected):
+        assert_close(got, want, dtype=path.dtype)
+
+
+# ---- the same input, every form ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["right padding", "left padding", "dense", "one short query"])
+def test_answers(pair, path, form):
+    reference, model = pair
+    inputs = {"right padding": batch((7, 3, 5)), "left padding": batch((7, 3, 5), left=True),
+              "dense": batch((6, 6)), "one short query": batch((4,))}[form]
+    assert_answers(path, model, reference, inputs)
+
+
+def test_inputs_embeds(pair, path):
+    reference, model = pair
+    inputs = batch((6, 2))
+    embeds = reference.get_input_embeddings()(inputs["input_ids"])
+    with torch.inference_mode(), _quiet():
+        got = model(inputs_embeds=embeds.to(path.dtype), attention_mask=inputs["attention_mask"]).last_hidden_state
+        want = path.expected(reference)(inputs_embeds=embeds, attention_mask=inputs["attention_mask"])
+    real = inputs["attention_mask"].bool()
+    assert_close(got[real].float(), want.last_hidden_state[real], dtype=path.dtype)
+
+
+# ---- edits of the source: followed or refused -------------------------------------------------------------------
+
+
+def _params(model):
+    """The model's parameters by name, sorted, wherever the path keeps them (a compiled model's are its module's)."""
+    return dict(sorted(getattr(model, "_orig_mod", model).named_parameters()))
+
+
+def _seeded_like(tensor, name):
+    """New values for the parameter `name`: the same in every model, whatever else it holds."""
+    generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.randn(tensor.shape, generator=generator).to(tensor.dtype) * 0.05
+
+
+def _each(model, names, change):
+    with torch.no_grad():
+        for name, parameter in _params(model).items():
+            if name in names:
+                change(name, parameter)
+
+
+def _load(model, scale, assign=False):
+    module = getattr(model, "_orig_mod", model)
+    state = {name: (tensor * scale).to(tensor.dtype) for name, tensor in module.state_dict().items()}
+    module.load_state_dict(state, assign=assign)
+
+
+def _numpy_write(name, parameter):
+    if parameter.dtype == torch.bfloat16:
+        pytest.skip("numpy has no bfloat16: a bfloat16 parameter has no numpy view to write through")
+    parameter.detach().numpy()[...] *= 1.5
+
+
+def _optimizer_step(model, names):
+    parameters = [p for name, p in _params(model).items() if name in names]
+    for parameter in parameters:
+        parameter.grad = torch.full_like(parameter, 0.01)
+    torch.optim.SGD(parameters, lr=1.0).step()
+    for parameter in parameters:
+        parameter.grad = None
+
+
+def _vector_to_parameters(model, names):
+    parameters = [p for name, p in _params(model).items() if name in names]
+    vector = nn.utils.parameters_to_vector(parameters)
+    nn.utils.vector_to_parameters(vector * 0.75, parameters)
+
+
+def _replace_module(model, names):
+    module = getattr(model, "_orig_mod", model)
+    torch.manual_seed(1)
+    dense = nn.Linear(CONFIG["hidden_size"], CONFIG["hidden_size"]).to(module.pooler.weight.dtype)
+    module.pooler = dense
+    norm = nn.LayerNorm(CONFIG["hidden_size"], eps=1e-12).to(dense.weight.dtype)
+    nn.init.normal_(norm.weight, 1.0, 0.1)
+    module.encoder.layers[-1].ffn_norm = norm
+
+
+EDITS = {
+    # Writes through the parameter: autograd's version counter moves.
+    "in-place under no_grad": lambda m, n: _each(m, n, lambda i, p: p.mul_(-0.5)),
+    "torch.nn.init": lambda m, n: _each(m, n, lambda i, p: p.copy_(_seeded_like(p, i))),
+    "optimizer step": _optimizer_step,
+    "load_state_dict": lambda m, n: _load(m, 0.9),
+    # Writes that bypass the version counter: only the memory changes.
+    "through .data": lambda m, n: _each(m, n, lambda i, p: p.data.add_(0.01)),
+    "through a numpy view": lambda m, n: _each(m, n, _numpy_write),
+    # The tensors replaced.
+    "p.data = new tensor": lambda m, n: _each(m, n, lambda i, p: setattr(p, "data", _seeded_like(p, i))),
+    "vector_to_parameters": _vector_to_parameters,
+    "load_state_dict(assign=True)": lambda m, n: _load(m, 1.1, assign=True),
+    # The modules changed.
+    "a module replaced": _replace_module,
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_an_edit_is_followed(pair, path, edit):
+    """The same edit on both models, by the names the path's model has (an int8 model has no float32 projection
+    weights to edit; load_state_dict gives it new ones, which it quantizes): then the same answers."""
+    reference, model = pair
+    inputs = batch((7, 3, 5))
+    answer(model, inputs)  # warm: graphs traced, choices measured, compiled
+    names = set(_params(model))
+    EDITS[edit](model, names)
+    EDITS[edit](reference, names)
+    assert_answers(path, model, reference, inputs)
+
+
+def test_a_method_patched_on_a_class_is_followed(pair, path, monkeypatch):
+    reference, model = pair
+    inputs = batch((7, 3, 5))
+    answer(model, inputs)
+    forward = transformer.VanillaFeedForward.forward
+    monkeypatch.setattr(transformer.VanillaFeedForward, "forward", lambda self, x: forward(self, x) * 0.5)
+    if path.name == "compiled":
+        torch.compiler.reset()  # dynamo guards inputs and parameters, not class methods: torch's documented contract
+    assert_answers(path, model, reference, inputs)
+
+
+def test_int8_has_no_float_weight_to_go_stale(plain):
+    """What int8 cannot follow it refuses: its projections have no float32 weight to edit, and say what to do."""
+    model = quantize_int8(copy.deepcopy(plain))
+    layer = model.encoder.layers[0].self_attn.q_proj
+    assert isinstance(layer, Int8Linear) and "encoder.layers.0.self_attn.q_proj.weight" not in _params(model)
+    with pytest.raises(AttributeError, match="quantize again"):
+        layer.weight.mul_(2)  # noqa: B018
+
+
+# ---- concurrency ------------------------------------------------------------------------------------------------
+
+
+def test_concurrent_calls_answer_as_sequential_ones(pair, path):
+    """Eight threads, mixed request sizes (what a web server sends), each call's answer the path's sequential one,
+    no error (the runtime's per-size choice once raised KeyError here)."""
+    reference, model = pair
+    requests = [batch(lengths) for lengths in ((4,), (7, 3), (9, 2, 5), (12,), (3, 3, 8, 1))]
+    expected = [answer(path.expected(reference), inputs) for inputs in requests]
+    errors, mismatches = [], []
+
+    def worker(offset):
+        try:
+            for call in range(6):
+                index = (offset + call) % len(requests)
+                got = answer(model, requests[index])
+                for have, want in zip(got, expected[index]):
+                    try:
+                        assert_close(have, want, dtype=path.dtype)
+                    except AssertionError as error:
+                        mismatches.append(str(error))
+        except Exception as error:  # noqa: BLE001  (whatever a thread raises is the finding)
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=worker, args=(offset,)) for offset in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and not mismatches, (errors + mismatches)[:3]
+
+
+# ---- what the path saves, copies and pickles -----------------------------------------------------------------------
+
+
+def test_save_and_reload_give_the_same_answers(pair, path, tmp_path):
+    """save_pretrained writes what from_pretrained (and the path applied again) reloads to the same answers; never
+    random weights (a quantized model once saved `*.float_linear.*` keys, which reloaded as random projections)."""
+    _, model = pair
+    inputs = batch((7, 3, 5))
+    before = answer(model, inputs)
+    with _quiet():
+        getattr(model, "_orig_mod", model).save_pretrained(tmp_path)
+        reloaded = path.reload(tmp_path)
+    for got, want in zip(answer(reloaded, inputs), before):
+        assert_close(got, want, dtype=path.dtype)
+
+
+def test_a_plain_class_loads_what_the_path_saved(pair, path, tmp_path):
+    """Whatever the path, the checkpoint is a float model any class loads whole: every weight in it, none missing
+    (transformers re-initialises what is missing at random, with only a load report)."""
+    _, model = pair
+    with _quiet():
+        getattr(model, "_orig_mod", model).save_pretrained(tmp_path)
+        _, info = VanillaEncoderModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_copies_answer_alike_and_apart(pair, path, how):
+    """torch.save/torch.load of the whole model and copy.deepcopy give a model with the same answers, whose edits
+    do not reach the original (nor the original's the copy)."""
+    if path.name == "compiled" and how == "pickle":
+        pytest.skip("torch.compile's OptimizedModule is not picklable (torch's own limit): pickle model._orig_mod")
+    reference, model = pair
+    inputs = batch((7, 3, 5))
+    before = answer(model, inputs)
+    if how == "pickle":
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        copied = torch.load(buffer, weights_only=False)
+    else:
+        copied = copy.deepcopy(model)
+    for got, want in zip(answer(copied, inputs), before):
+        assert_close(got, want, dtype=path.dtype)
+    names = set(_params(copied))
+    EDITS["in-place under no_grad"](copied, names)
+    for got, want in zip(answer(model, inputs), before):
+        assert_close(got, want, dtype=path.dtype)
+    EDITS["in-place under no_grad"](reference, names)
+    assert_answers(path, copied, reference, inputs)
+
+
+# ---- the machine's settings, and later moves -----------------------------------------------------------------------
+
+
+def test_a_thread_count_change(pair, path):
+    reference, model = pair
+    inputs = batch((7, 3, 5))
+    answer(model, inputs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert_answers(path, model, reference, inputs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_later_dtype_move_is_followed_or_refused(pair, path):
+    """model.to(bfloat16) after the path was made: the answer is bfloat16 eager's (at its rule), or a clear refusal
+    naming the fix (int8 computes float32 activations)."""
+    reference, model = pair
+    inputs = batch((7, 3, 5))
+    answer(model, inputs)
+    moved = model.to(torch.bfloat16)
+    if path.name == "int8":
+        with pytest.raises(RuntimeError, match=r"moved after quantize_int8.*model\.float\(\)"):
+            answer(moved, inputs)
+        return
+    expected = answer(reference, inputs)
+    for got, want in zip(answer(moved, inputs), expected):
+        assert_close(got, want, dtype=torch.bfloat16)
