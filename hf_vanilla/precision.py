@@ -12,18 +12,17 @@ A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every
 multiplies in float32, which is the float32 product plus the conversions (AMD Zen 3, AVX2 only: about half float32's
 speed). Having the instruction is not enough either: on issue 28's Intel Xeon, which has AVX-512 BF16 but no AMX,
 bf16 ran at 0.67-0.92x float32, while on AMD Zen 4, with the same AVX-512 BF16 and no AMX, it ran at 1.8-2.1x, and
-with AMX (Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance.md). No flag tells the Xeon from the Zen 4,
-so the rule is two steps: the capability, read from the CPU (torch's cpuinfo checks, /proc/cpuinfo as a fallback),
-which rules bf16 out for free where it can only be emulated; then, where the CPU has it, a measurement in this
-process (`bf16_measured_faster`: one feed-forward block of a transformer layer in both precisions, about a quarter
-of a second, once per process and thread count), which must find bf16 `BF16_MIN_GAIN` times faster.
+with AMX (Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance.md). So the rule is the hardware: AMX, or
+AVX-512 BF16 on an AMD CPU (Zen 4 and Zen 5, whose 512-bit bf16 dot products run at full width), read from the CPU
+(torch's cpuinfo checks, /proc/cpuinfo as a fallback). An Intel CPU with AVX-512 BF16 but no AMX (Cooper Lake, issue
+28's Xeon) stays on float32. An earlier version timed one feed-forward block in both precisions in the process; on
+issue 34's AMX Xeon that timing answered True when the machine was quiet and False under load, where bf16 was in fact
+2.7-13.5x faster: a decision that gates the fastest path must not depend on what else the machine is doing.
 
 torch's own `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not this test: it is true on any AVX-512 CPU, where
 oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
 """
 
-import statistics
-import time
 import warnings
 
 import torch
@@ -40,53 +39,38 @@ def cpu_flags() -> set:
         return set()
 
 
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id: "GenuineIntel", "AuthenticAMD", or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
 def native_bf16_cpu() -> bool:
     """Whether this CPU multiplies bf16 in hardware: AMX (amx_bf16 tiles) or AVX-512 BF16 (vdpbf16ps)."""
-    amx, avx512_bf16 = getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(
-        torch.cpu, "_is_avx512_bf16_supported", None)
-    if amx is not None and avx512_bf16 is not None:
-        return bool(amx() or avx512_bf16())
-    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})  # an older torch without the checks
+    return _amx() or _avx512_bf16()
+
+
+def _amx() -> bool:
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(check()) if check is not None else "amx_bf16" in cpu_flags()  # an older torch without the check
+
+
+def _avx512_bf16() -> bool:
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(check()) if check is not None else "avx512_bf16" in cpu_flags()
 
 
 def bf16_is_fast(device=None) -> bool:
-    """Whether running a model in bfloat16 is faster than float32 on `device` (default: the CPU): a CPU with native
-    bf16 products (`native_bf16_cpu`) where bf16 also measured faster in this process (`bf16_measured_faster`), or
-    a CUDA GPU that supports bf16. False everywhere else, where bf16 would only cost accuracy and, on a CPU, time."""
+    """Whether running a model in bfloat16 is faster than float32 on `device` (default: the CPU), decided by what
+    the hardware is, never by a timing: a CUDA GPU that supports bf16; a CPU with AMX; an AMD CPU with AVX-512 BF16.
+    False everywhere else, where bf16 would only cost accuracy and, on a CPU, time (see the module docstring)."""
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and native_bf16_cpu() and bf16_measured_faster()
-
-
-BF16_MIN_GAIN = 1.15  # bf16 must be this much faster: noise can only leave float32 in place
-BF16_TRIALS = 7  # timed calls of each precision, interleaved
-_bf16_faster: dict[int, bool] = {}  # torch's thread count -> measured
-
-
-def bf16_measured_faster() -> bool:
-    """Whether bf16 runs a transformer's feed-forward block (128 tokens, E=768 -> 3072 -> 768, GELU, LayerNorm:
-    bert-base's shapes) at least `BF16_MIN_GAIN` times faster than float32 on this CPU, with torch's current
-    threads. Measured once per process and thread count: medians of `BF16_TRIALS` calls of each, interleaved."""
-    threads = torch.get_num_threads()
-    if threads not in _bf16_faster:
-        generator = torch.Generator().manual_seed(0)
-        x, up, down = (torch.randn(shape, generator=generator) * 0.05 for shape in ((128, 768), (3072, 768),
-                                                                                  (768, 3072)))
-        blocks = {dtype: (x.to(dtype), up.to(dtype), down.to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
-        seconds = {dtype: [] for dtype in blocks}
-        with torch.inference_mode():
-            for trial in range(BF16_TRIALS + 2):  # the first two of each warm the kernels up
-                for dtype, (tokens, w1, w2) in blocks.items():
-                    start = time.perf_counter()
-                    nn.functional.layer_norm(tokens + nn.functional.linear(nn.functional.gelu(
-                        nn.functional.linear(tokens, w1)), w2), (768,))
-                    elapsed = time.perf_counter() - start
-                    if trial >= 2:
-                        seconds[dtype].append(elapsed)
-        fp32, bf16 = (statistics.median(seconds[dtype]) for dtype in (torch.float32, torch.bfloat16))
-        _bf16_faster[threads] = fp32 >= BF16_MIN_GAIN * bf16
-    return _bf16_faster[threads]
+    return device.type == "cpu" and (_amx() or (_avx512_bf16() and cpu_vendor() == "AuthenticAMD"))
 
 
 # ---- int8 ---------------------------------------------------------------------------------------------------------
@@ -230,4 +214,4 @@ def quantize_int8(model):
     return model.eval()
 
 
-__all__ = ["Int8Linear", "bf16_is_fast", "bf16_measured_faster", "cpu_flags", "native_bf16_cpu", "quantize_int8"]
+__all__ = ["Int8Linear", "bf16_is_fast", "cpu_flags", "cpu_vendor", "native_bf16_cpu", "quantize_int8"]
