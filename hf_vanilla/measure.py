@@ -121,7 +121,7 @@ def owner_turn(owner) -> int:
     alternate between the candidates, so that each is timed at every place in the model (inside a model the other
     layers' weights pass through the cache between two calls of one layer, as they will when the choice runs).
     Kept beside the layer, not on it: an attribute that changes on every call would change the module to whatever
-    watches it (runtimes/onnxruntime.py's check that the model is as traced)."""
+    watches it (runtimes/onnxruntime/watch.py's check that the model is as traced)."""
     global _timed_calls
     with _turns_lock:
         _timed_calls += 1

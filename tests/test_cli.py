@@ -133,7 +133,7 @@ def test_wheel_installs_one_top_level_package_and_the_command(wheel):
     assert {n.split("/")[0] for n in names} == {"hf_vanilla", info}
     assert "hf_vanilla/conversion/cli.py" in names and "hf_vanilla/conversion/bert.py" in names
     # The engines behind from_pretrained(runtime=...): the registry names them, the wheel must carry them.
-    assert {"hf_vanilla/runtime_registry.py", "hf_vanilla/export.py", "hf_vanilla/runtimes/onnxruntime.py"} <= set(names)
+    assert {"hf_vanilla/runtime_registry.py", "hf_vanilla/export.py", "hf_vanilla/runtimes/onnxruntime/engine.py"} <= set(names)
     assert info == f"hf_vanilla-{hf_vanilla.__version__}.dist-info"  # the version is hf_vanilla.__version__
 
 

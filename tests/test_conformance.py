@@ -53,9 +53,9 @@ class Path:
 
 def _runtime(choice):
     def make(model):
-        from hf_vanilla.runtimes import onnxruntime as engine
-        engine.CHOICE = choice  # restored by the `paths` fixture
-        return engine.use_onnx_runtime(model, cache_dir=_GRAPHS[0])
+        from hf_vanilla.runtimes.onnxruntime import engine, use_onnx_runtime
+        engine.CHOICE = choice  # restored by the `path` fixture
+        return use_onnx_runtime(model, cache_dir=_GRAPHS[0])
     return make
 
 
@@ -84,7 +84,7 @@ def plain():
 
 @pytest.fixture(params=PATHS, ids=lambda path: path.name)
 def path(request, tmp_path_factory, monkeypatch):
-    from hf_vanilla.runtimes import onnxruntime as engine
+    from hf_vanilla.runtimes.onnxruntime import engine
     if not _GRAPHS:
         _GRAPHS.append(tmp_path_factory.mktemp("graphs"))
     monkeypatch.setattr(engine, "CHOICE", engine.CHOICE)
@@ -101,7 +101,7 @@ def pair(plain, path):
 
 
 class _quiet:
-    """Warnings ignored: a path that falls back to PyTorch says so once (runtimes/onnxruntime.py), which is right
+    """Warnings ignored: a path that falls back to PyTorch says so once (runtimes/onnxruntime/), which is right
     and not what these tests check."""
 
     def __enter__(self):

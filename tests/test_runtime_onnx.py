@@ -1,4 +1,4 @@
-"""`runtime="onnxruntime"` (hf_vanilla/runtimes/onnxruntime.py): the encoder on ONNX Runtime behind the unchanged
+"""`runtime="onnxruntime"` (hf_vanilla/runtimes/onnxruntime/): the encoder on ONNX Runtime behind the unchanged
 Hugging Face API.
 
 Against transformers' own models on the same weights (small random BERTs with the real vocabulary, a tiny Marian):
@@ -57,7 +57,8 @@ from transformers import (  # noqa: E402
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
 from hf_vanilla import runtime_registry  # noqa: E402
 from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
-from hf_vanilla.runtimes import onnxruntime as engine  # noqa: E402
+from hf_vanilla.runtimes.onnxruntime import batches, engine  # noqa: E402
+from hf_vanilla.runtimes.onnxruntime import cache as graph_cache  # noqa: E402
 from hf_vanilla.runtimes.onnxruntime import (  # noqa: E402
     length_groups,
     remove_onnx_runtime,
@@ -114,7 +115,7 @@ def engine_answers(monkeypatch):
 def exports(monkeypatch):
     """The keys exported during a test. Each key is exported for real once per session (seconds each), then
     replayed: what is tested is when the cache asks for an export, not the exporter."""
-    keys, export = [], engine._export
+    keys, export = [], engine.export_graph
 
     def replay(unit, inputs, outputs, key):
         keys.append(key)
@@ -122,7 +123,7 @@ def exports(monkeypatch):
             _EXPORTED[key] = export(unit, inputs, outputs, key)
         return _EXPORTED[key]
 
-    monkeypatch.setattr(engine, "_export", replay)
+    monkeypatch.setattr(engine, "export_graph", replay)
     return keys
 
 
@@ -165,7 +166,7 @@ def test_classifier_and_pipeline_match_transformers(tmp_path_factory, minilm_pat
     $HF_VANILLA_ONNX_CACHE."""
     reference_dir, vanilla_dir = converted(tmp_path_factory, minilm_path, "sentiment")
     reference = BertForSequenceClassification.from_pretrained(reference_dir).eval()
-    monkeypatch.setenv(engine.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path))
     ours = AutoModelForSequenceClassification.from_pretrained(vanilla_dir, runtime="onnxruntime").eval()
     assert len(list(tmp_path.glob("encoder-*.onnx"))) == 1
     tokenizer = AutoTokenizer.from_pretrained(vanilla_dir)
@@ -388,7 +389,7 @@ def forged(graph: bytes, key: str, directory: Path) -> None:
     """`graph` rewritten to claim `key`, stored under the name its bytes' digest gives: it passes every file check."""
     model = onnx.load_from_string(graph)
     for prop in model.metadata_props:
-        if prop.key == engine.KEY_METADATA:
+        if prop.key == graph_cache.KEY_METADATA:
             prop.value = key
     data = model.SerializeToString()
     (directory / f"encoder-{key}-{hashlib.sha256(data).hexdigest()[:16]}.onnx").write_bytes(data)
@@ -469,7 +470,7 @@ def test_cached_graph_is_reused_without_exporting(base, exports):
 
 def test_the_cache_folder_comes_from_the_call_then_the_environment(base, tmp_path, monkeypatch, exports):
     _, _, eager, _ = base
-    monkeypatch.setenv(engine.CACHE_ENV, str(tmp_path / "from-env"))
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "from-env"))
     use_onnx_runtime(copy.deepcopy(eager))
     use_onnx_runtime(copy.deepcopy(eager), cache_dir=tmp_path / "given")
     assert [len(list((tmp_path / name).glob("encoder-*.onnx"))) for name in ("from-env", "given")] == [1, 1]
@@ -487,14 +488,14 @@ def test_a_cache_that_cannot_be_written_warns_once_and_still_runs(base, tmp_path
         with pytest.warns(UserWarning) as caught:
             use_onnx_runtime(model, cache_dir=blocked / "cache")
     else:  # from_pretrained with no cache_dir, no environment variable, and a home folder it cannot write in
-        for name in (engine.CACHE_ENV, "XDG_CACHE_HOME"):
+        for name in (graph_cache.CACHE_ENV, "XDG_CACHE_HOME"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HOME", str(blocked))
         with pytest.warns(UserWarning) as caught:
             model = AutoModel.from_pretrained(converted(tmp_path_factory, minilm_path, "base")[1],
                                               runtime="onnxruntime")
     messages = [str(w.message) for w in caught if "cache" in str(w.message)]
-    assert len(messages) == 1 and "cannot be written" in messages[0] and engine.CACHE_ENV in messages[0]
+    assert len(messages) == 1 and "cannot be written" in messages[0] and graph_cache.CACHE_ENV in messages[0]
     assert "\n" not in messages[0]
     assert_answers_on_onnx_runtime(model, eager)
 
@@ -507,7 +508,7 @@ def test_leftovers_of_dead_exports_are_removed_and_nothing_else(base, tmp_path, 
     host = socket.gethostname()
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()
-    old = time.time() - 2 * engine.STALE_SECONDS
+    old = time.time() - 2 * graph_cache.STALE_SECONDS
     entries = {
         f".export-{host}-{finished.pid}-0123abcd.onnx": False,  # its process is gone
         f".export-{host}-{os.getpid()}-0123abcd.onnx": True,  # a live process's write
@@ -651,8 +652,8 @@ def test_length_groups_cover_every_row_once(lengths):
     for group, length in groups:
         assert length == max(lengths[r] for r in group)
     # Never worse than one call on the whole padded batch, by the cost it minimises.
-    cost = sum(engine.CALL_COST_TOKENS + len(g) * n for g, n in groups)
-    assert cost <= engine.CALL_COST_TOKENS + len(lengths) * max(lengths)
+    cost = sum(batches.CALL_COST_TOKENS + len(g) * n for g, n in groups)
+    assert cost <= batches.CALL_COST_TOKENS + len(lengths) * max(lengths)
     if len(set(lengths)) == 1:
         assert len(groups) == 1
 

@@ -1,0 +1,107 @@
+"""What the engine is fed: the request read in numpy, and the size key its choice is made per.
+
+Padded batches keep the padding-free idea: a batch whose padding is at the end of each row is split into groups of
+rows of similar length (rows sorted by length, grouped by a small dynamic programme that weighs a call's fixed cost
+against the padding it would compute), and each group runs trimmed to its own longest row. Outputs at padding
+positions are zeros, as on PyTorch's packed path. A batch with padding elsewhere (left padding, holes) runs whole,
+with its mask, as PyTorch's padded path does.
+"""
+
+import numpy as np
+import torch
+
+# A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
+CALL_COST_TOKENS = 32
+
+
+def size_key(mask: np.ndarray) -> tuple:
+    """What the choice between the engines is made per: rows and real tokens, each rounded up to a power of two,
+    and torch's thread count (both engines use it)."""
+    rows, tokens = mask.shape[0], max(int(mask.sum()), 1)
+    return 1 << (rows - 1).bit_length(), 1 << (tokens - 1).bit_length(), torch.get_num_threads()
+
+
+def feeds_for(config, input_ids, attention_mask, token_type_ids) -> dict | None:
+    """The session's inputs as C-ordered int64 numpy arrays, or None unless every check PyTorch's path makes of an
+    encoder's input (hf_vanilla/validation.py) plainly passes: 2-D int64/int32 ids in the vocabulary, no longer than
+    the position table; a 2-D mask of their shape holding only 1 and 0 (bool, integer or float); int64/int32 segment
+    ids of their shape (or one row) in range. A subset of what PyTorch accepts, never more: what this refuses,
+    PyTorch runs or refuses with its own message."""
+    def ids_like(tensor):
+        return tensor.dtype in (torch.int64, torch.int32) and tensor.device.type == "cpu"
+
+    if not ids_like(input_ids) or input_ids.dim() != 2:
+        return None
+    ids = np.ascontiguousarray(input_ids.numpy(), dtype=np.int64)  # ONNX Runtime reads C-ordered int64
+    B, T = ids.shape
+    limit = config.max_position_embeddings - config.position_offset
+    if B == 0 or T == 0 or T > limit or ids.min() < 0 or ids.max() >= config.vocab_size:
+        return None
+    if attention_mask is None:
+        mask = np.ones_like(ids)
+    else:
+        if (tuple(attention_mask.shape) != (B, T) or attention_mask.device.type != "cpu"
+                or attention_mask.dtype not in _MASK_DTYPES):
+            return None
+        mask = attention_mask.detach().numpy()
+        if mask.dtype != np.bool_ and not ((mask == 0) | (mask == 1)).all():
+            return None
+        mask = np.ascontiguousarray(mask, dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if token_type_ids is not None:
+        if not ids_like(token_type_ids) or token_type_ids.dim() not in (1, 2) or token_type_ids.shape[-1] != T \
+                or (token_type_ids.dim() == 2 and token_type_ids.shape[0] not in (B, 1)):
+            return None
+        types = np.ascontiguousarray(np.broadcast_to(token_type_ids.numpy(), (B, T)), dtype=np.int64)
+        if types.min() < 0 or types.max() >= config.type_vocab_size:
+            return None
+        feeds["token_type_ids"] = types
+    return feeds
+
+
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.float32, torch.float64)
+
+
+def length_groups(lengths: list[int], call_cost: int = CALL_COST_TOKENS) -> list[tuple[list[int], int]]:
+    """Partition rows into groups, each run trimmed to its longest row: [(row indices, length), ...].
+
+    Rows sorted by length are cut into consecutive groups minimising sum(call_cost + rows * longest) over groups,
+    the tokens computed padding included plus a call's fixed cost (dynamic programming, O(B^2))."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    sorted_lengths = [lengths[i] for i in order]
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: cost of the first j rows
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest = sorted_lengths[j - 1]
+        for i in range(j):
+            cost = best[i] + call_cost + (j - i) * longest
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append((order[cut[j]:j], sorted_lengths[j - 1]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def run_grouped(session, feeds: dict, weights: dict) -> list[np.ndarray]:
+    """The graph's outputs, (B, T, E) hidden states first: one call for a batch without end-padding to trim,
+    else one per group of rows, scattered back."""
+    mask = feeds["attention_mask"]
+    B, T = mask.shape
+    lengths = mask.sum(1)
+    if lengths.min() in (0, T) or not (mask == (np.arange(T)[None, :] < lengths[:, None])).all():
+        return session.run(None, feeds | weights)  # dense, a row of padding only, or padding not at the ends
+    outputs = None
+    for rows, length in length_groups(lengths.tolist()):
+        index = np.asarray(rows)
+        group = session.run(None, {name: value[index, :length] for name, value in feeds.items()} | weights)
+        if outputs is None:  # hidden states (B, T, E), then per-row outputs (B, ...)
+            outputs = [np.zeros((B, T, group[0].shape[-1]), group[0].dtype)]
+            outputs += [np.zeros((B, *out.shape[1:]), out.dtype) for out in group[1:]]
+        outputs[0][index, :length] = group[0]
+        for whole, part in zip(outputs[1:], group[1:]):
+            whole[index] = part
+    outputs[0][mask == 0] = 0.0
+    return outputs

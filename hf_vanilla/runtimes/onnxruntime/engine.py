@@ -1,0 +1,305 @@
+"""The engine: an `OnnxEncoder` in front of an encoder's forward.
+
+What runs where. Each encoder of the model is one graph: a BERT-style body (`base_model` of a `vanilla_encoder`)
+with its pooler, or the encoder stack of an encoder-decoder (`get_encoder()`). The engine is an `OnnxEncoder` put
+in front of that module's `forward` (as accelerate's hooks are); the model's class, modules and weights stay as they
+are. It calls ONNX Runtime whenever that gives the module's own answer:
+- inference only: autograd off (`no_grad`/`inference_mode`) or no weight requiring grad, every module in `eval()`;
+- `input_ids` given (not `inputs_embeds`), default positions, no cache, no hidden states or attention maps asked for,
+  input PyTorch would accept (anything else goes to PyTorch, which answers or refuses it with its own message);
+- float32 weights on the CPU, each one contiguous block; not while tracing, compiling or exporting;
+- the model as it was traced (below).
+Anything else runs the module's own forward. The heads after the pooler and the decoder stay in PyTorch. A request
+costs one engine call: PyTorch work right after ONNX Runtime's, on the same cores, waits for torch's threads to
+get them back (`encoder_units` has the measurement).
+
+Which engine answers. Where both can, the faster does, measured in the process per request size (rows and real
+tokens, each rounded up to a power of two, and the thread count): the first calls of a size are answered by ONNX
+Runtime and PyTorch in turn, both timed, and after `CHOICE_CALLS` timed calls of each (past each one's first) the
+size runs ONNX Runtime only if PyTorch took at least `CHOICE_MIN_GAIN` times as long. Fed the model's weights,
+ONNX Runtime is much faster than eager PyTorch on short requests and no faster, sometimes slower, on long or padded
+batches, where PyTorch skips the padding (docs/performance.md); the choice makes `runtime="onnxruntime"` the faster
+of the two at every size instead of a bet. Both give the same answer within the parity rule, so which one ran never
+shows in the output. `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call ONNX Runtime can answer to it.
+"""
+
+import copy
+import inspect
+import operator
+import os
+import warnings
+
+import numpy as np
+import onnxruntime
+import torch
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+)
+
+from ... import measure
+from ...kernels import is_tracing
+from .batches import feeds_for, run_grouped, size_key
+from .cache import GraphCache, cache_key, export_graph, written_key
+from .watch import Watch, class_code, difference, hooked, structure_of
+
+PROVIDERS = ["CPUExecutionProvider"]
+# Which of ONNX Runtime and PyTorch answers a request size: "measure" (the default) times both on the first calls of
+# each size and keeps the faster; "engine" sends every call the engine can answer to ONNX Runtime (the tests use it,
+# to test the engine itself). Read at import from HF_VANILLA_RUNTIME_CHOICE.
+CHOICE = os.environ.get("HF_VANILLA_RUNTIME_CHOICE", "measure")
+if CHOICE not in ("measure", "engine"):
+    raise ValueError(f"HF_VANILLA_RUNTIME_CHOICE={CHOICE!r}: use measure (the default) or engine.")
+CHOICE_CALLS = 3  # timed calls of each path per request size, after its first
+CHOICE_MIN_GAIN = 1.05  # ONNX Runtime must be this much faster: noise can only leave a size on PyTorch
+# The check at attach: a right-padded (2, PROBE_TOKENS) batch, both ways, within PROBE_TOLERANCE x max(1, |output|).
+# It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
+# room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
+# runtime's answers to.
+PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
+
+
+class OnnxEncoder:
+    """A unit's `forward` while the engine runs it: ONNX Runtime where that gives the unit's own answer, else the
+    unit's own forward. It holds the unit and reads it through its public API."""
+
+    @classmethod
+    def attach(cls, unit, cache: "GraphCache", threads: int) -> None:
+        """Trace `unit` (or find its graph in `cache`), check the graph against PyTorch on a short request, and put
+        the engine in front of the unit's forward. A graph that fails the check leaves the unit on PyTorch, with a
+        warning."""
+        if any(module.training for module in unit.modules()):
+            raise ValueError("use_onnx_runtime runs inference only: call model.eval() first.")
+        for name, tensor in named_tensors(unit):
+            if not _feedable(tensor):
+                raise ValueError(f"use_onnx_runtime reads float32 weights in CPU memory, each one contiguous block, "
+                                 f"and {name} is {tensor.dtype} on {tensor.device}"
+                                 f"{'' if tensor.is_contiguous() else ', strided'}: call model.float().cpu() first "
+                                 f"(and .contiguous() on a strided weight).")
+        structure = structure_of(unit)
+        outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(unit, "pooler", None) is not None else ())
+        inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if unit.config.type_vocab_size > 0 else [])
+        key = cache_key(unit, structure, inputs, outputs)
+        cached = cache.load(key)
+        if cached is not None:
+            try:  # its bytes and key check out; it must still read this unit's tensors and give its answer
+                engine = cls(unit, structure, cached, threads)
+                if engine.probe() <= PROBE_TOLERANCE:
+                    unit.forward = engine
+                    return
+            except Exception:  # noqa: BLE001  (ONNX Runtime's errors share no class but Exception; a bug of ours
+                pass  # raises again below, from the fresh export)
+            cache.discard(key)  # not this model's graph: export anew
+        data = export_graph(unit, inputs, outputs, key)
+        cache.store(key, data)
+        engine = cls(unit, structure, data, threads)
+        worst = engine.probe()
+        if worst > PROBE_TOLERANCE:
+            warnings.warn(f"ONNX Runtime's graph of {type(unit).__name__} differs from PyTorch by {worst:.2e} "
+                          f"x max(1, |output|) (more than {PROBE_TOLERANCE:g}): it runs in PyTorch.", stacklevel=3)
+            return
+        unit.forward = engine
+
+    def __init__(self, unit, structure: dict, graph: bytes, threads: int):
+        self.unit = unit
+        self.forward = unit.forward  # the unit's own: PyTorch, wherever ONNX Runtime cannot answer
+        self.signature = inspect.signature(self.forward)
+        self.structure = structure  # what the graph was traced from
+        self.code = class_code(unit)  # and the code it ran: every class attribute of every module's classes
+        self.graph, self.threads = graph, threads  # the graph holds no weight: a few hundred kB
+        self.session = session = session_for(graph, threads)
+        shapes = {i.name: i.shape for i in session.get_inputs()}
+        self.token_types = "token_type_ids" in shapes
+        self.weights = [name for name in shapes if name not in ("input_ids", "attention_mask", "token_type_ids")]
+        named = dict(named_tensors(unit))
+        if any(name not in named or list(named[name].shape) != shapes[name] for name in self.weights):
+            raise ValueError(f"This graph reads weights {type(unit).__name__} does not have.")
+        self.outputs = tuple(o.name for o in session.get_outputs())
+        self.body = unit.config.model_type == "vanilla_encoder"  # a body, with its output class; else a stack
+        self.state = None  # (_Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
+        self.warned = False
+        # Per request size (`_size_key`): ONNX Runtime (the challenger) or PyTorch, measured by `_measure`.
+        self.choice = measure.MeasuredChoice("runtime: ONNX Runtime?", ("onnxruntime", "pytorch"), "onnxruntime",
+                                             CHOICE_CALLS, CHOICE_MIN_GAIN, warmup=1)
+
+    def __deepcopy__(self, memo):
+        """The copy's engine: the same session (it cannot be copied, and needs not: the graph holds no weight),
+        bound to the copy of the unit, whose weights it feeds once it has checked them (first call)."""
+        clone = object.__new__(type(self))
+        vars(clone).update(vars(self))  # not copy.copy, which would pickle (and rebuild) the session
+        clone.unit = copy.deepcopy(self.unit, memo)  # from `memo`: the copy being made
+        clone.forward = copy.deepcopy(self.forward, memo)
+        clone.state, clone.warned = None, False
+        clone.choice = copy.deepcopy(self.choice)  # the same machine: the sizes decided stay decided
+        return clone
+
+    def __getstate__(self):
+        """Pickled with the model (`torch.save(model)`): the graph's bytes instead of the session, which cannot be
+        pickled; the unit's own forward and its classes' code are found again at the first call after loading."""
+        own = self.forward
+        if inspect.ismethod(own) and own.__self__ is self.unit and own.__func__ is getattr(type(self.unit),
+                                                                                           "forward", None):
+            own = None  # pickled as getattr(unit, "forward"), it would come back as this engine
+        return dict(vars(self), forward=own, session=None, signature=None, code=None, state=None, warned=False)
+
+    def __setstate__(self, state):
+        vars(self).update(state)
+        self.session = session_for(self.graph, self.threads)
+
+    def _reattach(self) -> None:
+        """After loading a pickled model: find the unit's forward and code again, and check that the graph is still
+        the one this code and these versions would export (`_cache_key`); where it is not (another hf_vanilla,
+        torch or transformers, a patched class), the unit runs in PyTorch, with a warning naming the fix."""
+        unit = self.unit
+        if self.forward is None:
+            self.forward = getattr(type(unit), "forward").__get__(unit)
+        self.signature, self.code = inspect.signature(self.forward), class_code(unit)
+        inputs = [i.name for i in self.session.get_inputs() if i.name not in self.weights]
+        if written_key(self.graph) != cache_key(unit, self.structure, inputs, self.outputs):
+            self.structure = {}  # never equal again: every call runs PyTorch
+            warnings.warn(f"The ONNX Runtime graph pickled with this {type(unit).__name__} is not the one this "
+                          f"code and these versions export: it runs in PyTorch. Call "
+                          f"hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model) again.", stacklevel=4)
+            self.warned = True
+
+    def __call__(self, *args, **kwargs):
+        if self.code is None:  # the first call after unpickling
+            self._reattach()
+        # Keyword calls (every Hugging Face caller's) need no binding: 6 us of a 3 ms request.
+        arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
+        request = self._request(arguments)
+        if request is None:
+            return self.forward(*args, **kwargs)
+        if CHOICE == "engine":
+            return self._answer(request, arguments)
+        key = size_key(request[0]["attention_mask"])
+        engine = self.choice.decision(key)
+        if engine is None:
+            return self._measure(key, request, arguments, args, kwargs)
+        return self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
+
+    def _measure(self, key, request, arguments, args, kwargs):
+        """A call of a request size not decided yet: ONNX Runtime and PyTorch answer in turn (the same answer within
+        the parity rule), each timed (hf_vanilla/measure.py), until each has `CHOICE_CALLS` + 1 timings (the first of
+        each is left out: allocations); then the size runs ONNX Runtime only if PyTorch's median time is at least
+        `CHOICE_MIN_GAIN` times ONNX Runtime's. A PyTorch call that also measured its products' kernels (kernels.py
+        computes two products where it times one) is not counted: it would make PyTorch look slower than it will
+        be."""
+        path = self.choice.turn(key)
+        if path == "onnxruntime":
+            return self.choice.time(key, path, self._answer, request, arguments)
+        measured = measure.timed_calls()
+        start = measure.clock()
+        output = self.forward(*args, **kwargs)
+        if measure.timed_calls() == measured:  # PyTorch's call did not also time kernels (kernels.py)
+            self.choice.record(key, path, measure.clock() - start)
+        return output
+
+    def _request(self, arguments: dict):
+        """(the session's inputs, the weights to feed), or None where PyTorch must run the call."""
+        get = arguments.get
+        input_ids, attention_mask, token_type_ids = get("input_ids"), get("attention_mask"), get("token_type_ids")
+        config = self.unit.config
+        if (
+            input_ids is None or get("inputs_embeds") is not None or get("position_ids") is not None
+            or get("past_key_values") is not None or get("encoder_hidden_states") is not None
+            or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
+            or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
+            or is_tracing() or input_ids.device.type != "cpu"
+            or (token_type_ids is not None and not self.token_types)
+        ):
+            return None
+        state = self.state
+        if state is None or not state[0].unchanged():
+            state = self.state = self._verify()
+        watch, weights = state
+        if weights is None or (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, watch.tensors))):
+            return None
+        # Read in numpy; what this quick look does not plainly accept goes to PyTorch, which answers or refuses it
+        # with its own message: torch ops right before ONNX Runtime's call cost 0.5-0.7 ms after an idle moment
+        # (bert-base 1 x 16, AMD Zen 4), nearly what numpy spends on the whole look.
+        feeds = feeds_for(config, input_ids, attention_mask, token_type_ids)
+        if feeds is None:
+            return None
+        if self.token_types and "token_type_ids" not in feeds:
+            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        return feeds, weights
+
+    def _answer(self, request: tuple, arguments: dict):
+        """The unit's output for `request`, computed by ONNX Runtime."""
+        feeds, weights = request
+        outputs = dict(zip(self.outputs, map(torch.from_numpy, run_grouped(self.session, feeds, weights))))
+        if not self.body:
+            return BaseModelOutputWithPastAndCrossAttentions(**outputs)
+        output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)
+        return_dict = arguments.get("return_dict")
+        return output if (self.unit.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+    def _verify(self) -> tuple:
+        """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the
+        same, its weights as numpy views (no copy) for the graph's inputs; None where PyTorch must run."""
+        unit = self.unit
+        structure, code = structure_of(unit), class_code(unit)
+        if structure != self.structure or code != self.code:
+            if not self.warned:
+                changed = difference(self.structure, structure) if structure != self.structure else next((
+                    f"{cls.__qualname__}.{name}" for cls, attributes in code.items()
+                    for name in set(attributes) | set(self.code.get(cls, {}))
+                    if attributes.get(name) is not self.code.get(cls, {}).get(name)), "a class attribute")
+                warnings.warn(f"{type(unit).__name__} changed after use_onnx_runtime traced it "
+                              f"({changed}): it runs in PyTorch. Call "
+                              f"hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model) again to run it on ONNX "
+                              f"Runtime.", stacklevel=5)
+                self.warned = True
+            return Watch(unit, []), None
+        named = dict(named_tensors(unit))
+        tensors = [named[name] for name in self.weights]
+        watch = Watch(unit, tensors)
+        if hooked(unit) or any(module.training for module in unit.modules()) or not all(map(_feedable, tensors)):
+            return watch, None  # hooks to run, training, weights moved off float32 CPU memory: documented, no warning
+        return watch, {name: tensor.detach().numpy() for name, tensor in zip(self.weights, tensors)}
+
+    def probe(self) -> float:
+        """max |ONNX Runtime - PyTorch| / max(1, |PyTorch|) over the graph's outputs, at the real tokens of a
+        right-padded (2, PROBE_TOKENS) request."""
+        config = self.unit.config
+        input_ids = (torch.arange(2 * PROBE_TOKENS).view(2, PROBE_TOKENS) * 7919 + 5) % config.vocab_size
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[1, PROBE_TOKENS // 2:] = 0
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        with torch.inference_mode():
+            expected = self.forward(**inputs, return_dict=True)
+        named = dict(named_tensors(self.unit))
+        weights = {name: named[name].detach().numpy() for name in self.weights}
+        feeds = {name: value.numpy() for name, value in inputs.items()}
+        if self.token_types:
+            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        got = self.session.run(None, feeds | weights)
+        real = attention_mask.bool().numpy()
+        worst = 0.0
+        for name, array in zip(self.outputs, got):
+            reference = getattr(expected, name).numpy()
+            if array.shape != reference.shape:
+                return float("inf")
+            if name == "last_hidden_state":
+                array, reference = array[real], reference[real]
+            worst = max(worst, float(np.abs(array - reference).max()) / max(1.0, float(np.abs(reference).max())))
+        return worst if worst == worst else float("inf")  # NaN: no answer
+
+
+def named_tensors(unit) -> list[tuple[str, torch.Tensor]]:
+    return [*unit.named_parameters(), *unit.named_buffers()]
+
+
+def _feedable(tensor) -> bool:
+    """Memory ONNX Runtime can read as the graph's float32 input, in place."""
+    return tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous()
+
+
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+def session_for(graph: bytes, threads: int):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(graph, options, providers=PROVIDERS)

@@ -1,0 +1,153 @@
+"""What the engine watches, and why.
+
+Which weights. The graph holds none (`hf_vanilla.export.export_encoder_reading_weights`): each parameter and
+buffer is a graph input, fed on every call with the model's own tensor memory (a numpy view, no copy). A write into that
+memory by any route (an optimizer step, `load_state_dict`, `p.data.mul_()`, a numpy view of a weight) is what the
+next call computes with: there is nothing to detect. What replaces memory or changes the model is detected by a
+check on every call (`Watch`: the identity of every module's attributes, registries, class and forward hooks, of
+the config's fields and torch's global hooks, and the data pointer, shape, stride, dtype and device of every weight
+fed). When it sees a change, the model is compared by value with what the graph was traced from (`structure_of`):
+equal (tensors replaced by others of the same shape: `p.data = ...`, `vector_to_parameters`, `half().float()`, a
+deep copy), the new memory is fed; different (a layer removed, a module replaced as LoRA does, a config value the
+graph baked in), PyTorch runs, with a warning naming the fix: call `use_onnx_runtime` again. Forward hooks on the
+modules inside the encoder (or torch's global ones), which the graph would not run, send calls to PyTorch while they
+are set. ONNX Runtime keeps no copy of the weights, and the graph is the same for every checkpoint of one
+architecture.
+"""
+
+import inspect
+import operator
+
+import torch
+import transformers
+
+def hooked(unit) -> bool:
+    """Whether forward hooks would run inside the unit (its own run around the engine either way)."""
+    return any(GLOBAL_HOOKS) or any(module._forward_hooks or module._forward_pre_hooks
+                                     for module in unit.modules() if module is not unit)
+
+
+_META = operator.attrgetter("shape", "dtype", "is_cpu")
+
+
+class Watch:
+    """Whether anything but the weights' values changed since it was made: the check on every call.
+
+    Every module's attribute dict and its parameter, buffer, submodule and forward hook registries, the config's
+    fields, torch's global forward hooks and the attribute dicts of the modules' classes are compared with shallow copies (the same objects, so a dict compares
+    by identity, in C); the attribute dicts themselves, the modules' classes likewise; and the tensors fed to the
+    graph by data pointer, shape, stride, dtype and device. A change that bypasses all of these leaves the graph's
+    answer right: a write into the weights' memory is what the graph reads. Every comparison is a `map` over a flat
+    list, run in C (MiniLM: 531 dicts, 103 tensors; docs/performance.md has the cost)."""
+
+    def __init__(self, unit, tensors: list):
+        modules = list(unit.modules())
+        configs = {id(m.config): m.config for m in modules if isinstance(getattr(m, "config", None),
+                                                                          transformers.PretrainedConfig)}
+        self.owners = modules + list(configs.values())  # whose attribute dict must stay the same object
+        self.states = list(map(vars, self.owners))
+        self.dicts = self.states + [registry for m in modules for registry in (
+            m._parameters, m._buffers, m._modules, m._forward_hooks, m._forward_pre_hooks)] + list(GLOBAL_HOOKS) \
+            + list(map(vars, _classes(self.owners)))  # a method patched on a class (the graph runs the old one)
+        self.copies = list(map(dict, self.dicts))
+        self.types = list(map(type, self.owners))
+        self.tensors, self.meta = tensors, _tensor_meta(tensors)
+
+    def unchanged(self) -> bool:
+        try:
+            return (all(map(operator.eq, self.dicts, self.copies)) and list(map(type, self.owners)) == self.types
+                    and all(map(operator.is_, map(vars, self.owners), self.states))
+                    and _tensor_meta(self.tensors) == self.meta)
+        except (RuntimeError, ValueError):  # an attribute replaced by a tensor or array: == is elementwise
+            return False
+
+
+def _classes(objects) -> list:
+    """Every class in the MROs of `objects`' classes but `object`."""
+    return list({cls: None for obj in objects for cls in type(obj).__mro__ if cls is not object})
+
+
+def class_code(unit) -> dict:
+    """What the unit's modules' classes (and their bases) hold, each attribute by identity: a method patched on a
+    class after tracing (`VanillaFeedForward.forward = patched`) changes what PyTorch runs but not the graph."""
+    return {cls: dict(vars(cls)) for cls in _classes(unit.modules())}
+
+
+def _tensor_meta(tensors: list) -> tuple:
+    return (list(map(torch.Tensor.data_ptr, tensors)), list(map(torch.Tensor.stride, tensors)),
+            list(map(_META, tensors)))
+
+
+# torch's global forward hooks run around every module's forward: inside the graph they would not run.
+GLOBAL_HOOKS = (torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks)
+# What a module's attribute dict holds besides what it computes with: registries (walked apart), hooks and the
+# training flag (documented reasons to run PyTorch, checked apart), and where the weights came from.
+_MODULE_BOOKKEEPING = {"_parameters", "_buffers", "_modules", "training", "_is_full_backward_hook", "_backward_hooks",
+                       "_backward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
+                       "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
+                       "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                       "_load_state_dict_post_hooks", "name_or_path"}
+# Config fields read on every call rather than traced (the engine checks them itself, or they choose among kernels
+# of the same function), and where the weights came from.
+_CONFIG_PER_CALL = {"output_hidden_states", "_output_attentions", "return_dict", "use_cache",
+                    "_attn_implementation_internal", "_experts_implementation_internal", "_name_or_path"}
+
+
+def structure_of(unit) -> dict:
+    """What the graph was traced from, by value, the weights' values aside: for every module (by path) its class,
+    its attributes, its parameters' and buffers' shapes (and which name another tensor's is), and the config's
+    fields. Plain data compares by value; any other object by identity (its state is not seen, so only that very
+    object is the same)."""
+    structure, first_name, configs = {}, {}, {}
+    for path, module in unit.named_modules(remove_duplicate=False):
+        attributes = {name: value for name, value in vars(module).items() if name not in _MODULE_BOOKKEEPING
+                      and not (module is unit and name == "forward")}  # the engine itself
+        tensors = {}
+        for registry in (module._parameters, module._buffers):
+            for name, tensor in registry.items():
+                full = f"{path}.{name}" if path else name
+                tensors[name] = None if tensor is None else (list(tensor.shape),
+                                                              first_name.setdefault(id(tensor), full))
+        structure[path] = {"class": _plain(type(module), configs), "attributes": _plain(attributes, configs),
+                           "tensors": tensors, "children": [name for name in module._modules]}
+    return structure
+
+
+def _plain(value, configs: dict):
+    """`value` as JSON-able plain data: compared by value, and hashed into the cache key."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, configs) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(repr, (_plain(item, configs) for item in value)))
+    if isinstance(value, dict):
+        return {str(key): _plain(item, configs) for key, item in value.items()}
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, transformers.PretrainedConfig):
+        if id(value) not in configs:
+            configs[id(value)] = {"class": _plain(type(value), configs), "fields": _plain(
+                {name: field for name, field in vars(value).items() if name not in _CONFIG_PER_CALL}, configs)}
+        return configs[id(value)]
+    if isinstance(value, type) or inspect.isroutine(value):
+        return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', value.__name__)}"
+    return f"<{type(value).__module__}.{type(value).__qualname__} object {id(value)}>"
+
+
+def difference(reference: dict, current: dict) -> str:
+    """Where two structures first differ, for the warning: a module and what of it, or a config field."""
+    path = next(p for p in sorted(set(reference) | set(current)) if reference.get(p) != current.get(p))
+    was, now = reference.get(path), current.get(path)
+    if was is None or now is None:
+        return f"{path} {'added' if was is None else 'removed'}"
+    part = next(p for p in was if was[p] != now[p])
+    if part != "attributes":
+        return f"{path or 'the encoder'}: {part}"
+    name = next(n for n in sorted(set(was[part]) | set(now[part])) if was[part].get(n) != now[part].get(n))
+    if name == "config" and all(isinstance(c[part].get(name), dict) for c in (was, now)):
+        old, new = was[part][name]["fields"], now[part][name]["fields"]
+        return "config." + next(f for f in sorted(set(old) | set(new)) if old.get(f) != new.get(f))
+    return f"{path + '.' if path else ''}{name}"
+
+
