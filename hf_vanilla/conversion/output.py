@@ -32,6 +32,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..processes import process_alive, start_time
 from .errors import ConversionError, describe_io_error, os_errno
 
 MANIFEST = "conversion_manifest.json"
@@ -253,18 +254,8 @@ def _place(staging: Path, output: Path) -> None:
 # ---- the partial folder, its owner, and leftovers -----------------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, Linux): with the PID, it names a process; a PID alone may
-    have been reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[19]  # field 22, counted after the command name (which may hold spaces)
-
-
 def _owner() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid())}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": start_time(os.getpid())}
 
 
 def _owner_gone(record: dict) -> bool:
@@ -274,14 +265,7 @@ def _owner_gone(record: dict) -> bool:
     pid = record.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, another user's
-    started = record.get("started")
-    return started is not None and _start_time(pid) not in (None, started)
+    return not process_alive(pid, record.get("started"))
 
 
 def remove_leftovers(output: Path) -> None:

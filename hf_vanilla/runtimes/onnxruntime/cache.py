@@ -30,6 +30,7 @@ import torch
 import transformers
 
 from ...export import export_encoder_reading_weights
+from ...processes import process_alive
 
 CACHE_FORMAT = 2  # bump when the exported graph changes for the same key (2: weights are graph inputs)
 CACHE_ENV = "HF_VANILLA_ONNX_CACHE"
@@ -142,7 +143,7 @@ class GraphCache:
                 continue
             try:
                 if match[1] == host:
-                    stale = not _process_alive(int(match[2]))
+                    stale = not process_alive(int(match[2]))
                 else:
                     stale = time.time() - path.lstat().st_mtime > STALE_SECONDS
             except OSError:
@@ -174,15 +175,3 @@ def written_key(data: bytes) -> str | None:
     except Exception:  # noqa: BLE001  (any damage: protobuf's errors have no common class)
         return None
     return {prop.key: prop.value for prop in model.metadata_props}.get(KEY_METADATA)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
