@@ -1,5 +1,6 @@
 """The one place that knows how transformers versions differ (pyproject.toml declares the supported range; CI
-tests its two ends). Nothing else in the package reads a version.
+tests its two ends), and the one place that names transformers' private attributes. Nothing else in the package
+reads a version or a private name of transformers', so that a release that moves one breaks here, visibly.
 
 transformers 5.24 renamed the generation cache from `past_key_values` to `cache`: `generate` passes `cache=` to
 `forward`, reads the next step's cache back from `outputs["cache"]`, and the output classes
@@ -31,4 +32,25 @@ def cache_field(cache) -> dict:
     return {CACHE_FIELD: cache}
 
 
-__all__ = ["CACHE_FIELD", "cache_field", "one_cache"]
+# ---- transformers' private names, each with why no public one serves ------------------------------------------
+
+
+def resized_embeddings(model, embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing):
+    """`embeddings` (an nn.Embedding of `model`'s) resized as `resize_token_embeddings` resizes the input embeddings:
+    the same padding-to-a-multiple and mean-resizing rules. transformers' public `resize_token_embeddings` resizes
+    only `get_input_embeddings()` and the output projection; a second table (an encoder-decoder's separate target
+    embeddings) has no public way, so its private `PreTrainedModel._get_resized_embeddings` is called, here only."""
+    return model._get_resized_embeddings(embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing)
+
+
+# The attributes a config stores behind the public properties that can change between calls without changing what a
+# model computes: `output_attentions` (stored as `_output_attentions`), `_attn_implementation` (stored as
+# `_attn_implementation_internal`: a choice among kernels of one function), `_experts_implementation`
+# (`_experts_implementation_internal`), `name_or_path` (`_name_or_path`: where the weights came from). A watcher that
+# compares a config's attribute dict (runtimes/onnxruntime/watch.py) reads that dict, not the properties, so it needs
+# the stored names; transformers has no public list of them.
+CONFIG_STORED_PER_CALL = ("_output_attentions", "_attn_implementation_internal", "_experts_implementation_internal",
+                          "_name_or_path")
+
+
+__all__ = ["CACHE_FIELD", "CONFIG_STORED_PER_CALL", "cache_field", "one_cache", "resized_embeddings"]

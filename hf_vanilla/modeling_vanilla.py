@@ -29,7 +29,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
-from .compat import one_cache
+from .compat import one_cache, resized_embeddings
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .heads import MODELS
 from .kernels import VanillaLinear
@@ -614,8 +614,8 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
         to their old size."""
         if not self.config.share_encoder_decoder_embeddings:
             target = self.model.decoder.embeddings
-            target.word_embeddings = self._get_resized_embeddings(
-                target.word_embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing
+            target.word_embeddings = resized_embeddings(
+                self, target.word_embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing
             )
         return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 

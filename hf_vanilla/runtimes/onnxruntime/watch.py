@@ -21,6 +21,8 @@ import operator
 import torch
 import transformers
 
+from ...compat import CONFIG_STORED_PER_CALL
+
 def hooked(unit) -> bool:
     """Whether forward hooks would run inside the unit (its own run around the engine either way)."""
     return any(GLOBAL_HOOKS) or any(module._forward_hooks or module._forward_pre_hooks
@@ -89,8 +91,7 @@ _MODULE_BOOKKEEPING = {"_parameters", "_buffers", "_modules", "training", "_is_f
                        "_load_state_dict_post_hooks", "name_or_path"}
 # Config fields read on every call rather than traced (the engine checks them itself, or they choose among kernels
 # of the same function), and where the weights came from.
-_CONFIG_PER_CALL = {"output_hidden_states", "_output_attentions", "return_dict", "use_cache",
-                    "_attn_implementation_internal", "_experts_implementation_internal", "_name_or_path"}
+_CONFIG_PER_CALL = {"output_hidden_states", "return_dict", "use_cache", *CONFIG_STORED_PER_CALL}
 
 
 def structure_of(unit) -> dict:
