@@ -38,6 +38,7 @@ from transformers.modeling_outputs import (
 )
 
 from ... import measure
+from ...export import example_inputs
 from ...kernels import is_tracing
 from .batches import feeds_for, run_grouped, size_key
 from .cache import GraphCache, cache_key, export_graph, written_key
@@ -262,11 +263,8 @@ class OnnxEncoder:
     def probe(self) -> float:
         """max |ONNX Runtime - PyTorch| / max(1, |PyTorch|) over the graph's outputs, at the real tokens of a
         right-padded (2, PROBE_TOKENS) request."""
-        config = self.unit.config
-        input_ids = (torch.arange(2 * PROBE_TOKENS).view(2, PROBE_TOKENS) * 7919 + 5) % config.vocab_size
-        attention_mask = torch.ones_like(input_ids)
-        attention_mask[1, PROBE_TOKENS // 2:] = 0
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        inputs = example_inputs(self.unit.config, ["input_ids", "attention_mask"], length=PROBE_TOKENS)
+        attention_mask = inputs["attention_mask"]
         with torch.inference_mode():
             expected = self.forward(**inputs, return_dict=True)
         named = dict(named_tensors(self.unit))
