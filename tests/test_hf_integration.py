@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,6 +184,21 @@ def test_every_auto_class_loads_through_remote_code_and_matches_bert(remote_resu
         assert check["module"].startswith("transformers_modules."), check  # the saved file, not hf_vanilla
         assert check["config_module"].startswith("transformers_modules."), check
         assert check["scaled_diff"] <= TOLERANCE[torch.float32], check
+
+
+def test_readme_lists_the_files_remote_code_carries():
+    """One list of the files a checkpoint carries for trust_remote_code, README's, and it is transformers' own
+    answer: modeling_vanilla.py and its relative imports (`get_relative_import_files`), no more, no fewer."""
+    import re
+
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    package = Path(hf_vanilla.__file__).parent
+    carried = {"modeling_vanilla.py"} | {Path(f).name for f in get_relative_import_files(package / "modeling_vanilla.py")}
+    readme = (package.parent / "README.md").read_text()
+    sentence = re.search(r"Files that travel with a checkpoint for `trust_remote_code`.*?imports\): (.*?)\. They",
+                         readme, flags=re.S).group(1)
+    assert set(re.findall(r"`([a-z_]+\.py)`", sentence)) == carried
 
 
 def test_a_resaved_checkpoint_carries_its_code(resaved):
