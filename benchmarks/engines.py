@@ -478,6 +478,7 @@ def generation_engines(case, directory, cold, threads, precisions, compiled):
                                warming=lambda: None in runtime_choices(runtime).values()))  # as for encoders
     if compiled:
         engines.append(generate_engine("hf_vanilla compiled", ours, input_ids, mask, case.new_tokens, True))
+    engines += reduced_generate_engines(ours, input_ids, mask, case.new_tokens, precisions)
     if not available("CT2"):
         return engines
     import ctranslate2
@@ -500,7 +501,24 @@ def generation_engines(case, directory, cold, threads, precisions, compiled):
     return engines
 
 
-def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled=False):
+def reduced_generate_engines(ours, input_ids, mask, new_tokens, precisions) -> list:
+    """Ours decoding in bf16 and in int8 (`quantize_int8`: every encoder and decoder projection), each on its own copy
+    of the float32 model, beside CTranslate2's int8: the Marian case at every precision (issue 34)."""
+    import copy
+
+    from hf_vanilla.precision import quantize_int8
+
+    engines = []
+    if "bf16" in precisions:
+        engines.append(generate_engine("hf_vanilla bf16", copy.deepcopy(ours).to(torch.bfloat16), input_ids, mask,
+                                       new_tokens, precision="bf16"))
+    if "int8" in precisions:
+        engines.append(generate_engine("hf_vanilla int8", quantize_int8(copy.deepcopy(ours)), input_ids, mask,
+                                       new_tokens, precision="int8"))
+    return engines
+
+
+def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled=False, precision="fp32"):
     """`compiled`: transformers' own compiled decoding, as a user asks for it: a static cache and a compile config
     (on a CPU transformers compiles only when told to, `_compile_all_devices`); the decoding step is compiled on the
     first call (reported as that engine's first call), the prefill runs eagerly."""
@@ -517,7 +535,7 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens, **options)
         return out[:, 1:]  # without the decoder start token, as CTranslate2 returns them
-    return Engine(name, "fp32", run)
+    return Engine(name, precision, run)
 
 
 # ---- timing and checks ---------------------------------------------------------------------------------------------
