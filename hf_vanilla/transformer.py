@@ -429,8 +429,11 @@ class VanillaStack(nn.Module):
         if packed is None:
             mask = self._mask(attention_mask, T, past_length, cache, hidden_states)
             if inputs_embeds is not None and has_padding(attention_mask) and attention_mask.dim() == 2:
-                # Padding keys get zero weight, but 0 * NaN is NaN: a NaN the caller left at padding would spread.
-                hidden_states = hidden_states.masked_fill(~attention_mask[:, -T:, None].bool(), 0)
+                # Padding keys get zero weight, but 0 * NaN is NaN: a NaN (or inf) the caller left at padding would
+                # spread. Only those are cleared: a padding position keeps a finite embedding, and computes what it
+                # computes from input_ids (`generate` reads the last position even where it is padding).
+                hidden_states = hidden_states.masked_fill(
+                    ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
         cross_mask = None if encoder_attention_mask is None else additive_mask(
             encoder_attention_mask[:, None, None, :], hidden_states.dtype)  # (B, 1, 1, S)
 

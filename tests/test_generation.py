@@ -169,6 +169,25 @@ def test_inputs_embeds_generate_what_their_input_ids_generate(family):
     assert torch.equal(from_embeds, from_ids)
 
 
+@pytest.mark.parametrize("name", CAUSAL)
+def test_inputs_embeds_score_what_their_input_ids_score_where_the_prompt_ends_in_padding(name):
+    """Regression (issue 33): a causal LM cleared its padding positions' states when given `inputs_embeds` and not
+    when given `input_ids`, so a prompt whose mask ends in padding (transformers' `random_attention_mask` draws such
+    masks) scored its next token from its embeddings 0.1 away from its ids, and generated another token (transformers'
+    `test_generate_from_inputs_embeds` failed). `generate` reads the last position, padding or not."""
+    torch.manual_seed(0)
+    model = FAMILIES[name]().eval()
+    input_ids = torch.stack(prompts(seed=5, lengths=(7, 7)))
+    attention_mask = torch.tensor([[1, 1, 0, 1, 1, 0, 0], [1, 0, 1, 1, 1, 1, 0]])  # padding inside and at the end
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(input_ids)
+        from_ids = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        from_embeds = model(inputs_embeds=embeds, attention_mask=attention_mask).logits
+    assert_close(from_embeds, from_ids)  # every position, padding included: the same input either way
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(model.generate(inputs_embeds=embeds, **kwargs), model.generate(input_ids, **kwargs)[:, 7:])
+
+
 def test_attentions_and_hidden_states_come_back_for_every_step(family):
     name, model = family
     input_ids, attention_mask = batch(name)
