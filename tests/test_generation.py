@@ -188,6 +188,30 @@ def test_inputs_embeds_score_what_their_input_ids_score_where_the_prompt_ends_in
     assert torch.equal(model.generate(inputs_embeds=embeds, **kwargs), model.generate(input_ids, **kwargs)[:, 7:])
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", CAUSAL)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_sequences_packed_in_one_row_score_as_they_do_alone(name, attn, use_cache):
+    """Regression (issue 33): transformers' padding-free format (`DataCollatorWithFlattening`) lays sequences end to
+    end in one row, without an attention_mask, their position ids restarting at each sequence; a causal LM let each
+    sequence attend to the ones before it (transformers' `test_eager_padding_matches_padding_free_with_position_ids`
+    failed in 2 of 20 runs in bfloat16). Each sequence now sees only itself, whether or not a cache is kept."""
+    torch.manual_seed(0)
+    model = FAMILIES[name]().eval()
+    model.set_attn_implementation(attn)
+    rows = prompts(seed=6, lengths=(5, 2, 7))
+    input_ids = torch.cat(rows)[None]  # (1, 14)
+    position_ids = torch.cat([torch.arange(len(row)) for row in rows])[None]  # (1, 14): 0..4, 0..1, 0..6
+    with torch.no_grad():
+        packed = model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache).logits[0]
+        start = 0
+        for i, row in enumerate(rows):
+            alone = model(input_ids=row[None], use_cache=use_cache).logits[0]
+            assert_close(packed[start:start + len(row)], alone, msg=f"sequence {i}")
+            start += len(row)
+
+
 def test_attentions_and_hidden_states_come_back_for_every_step(family):
     name, model = family
     input_ids, attention_mask = batch(name)
