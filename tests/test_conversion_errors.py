@@ -519,3 +519,101 @@ def test_bfloat16_is_verified_as_saved(tiny_bert_dir, tmp_path, capsys):
     assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
     card = (tmp_path / "out" / "README.md").read_text()
     assert re.search(r"As saved \(bfloat16\): .*\(bf16, .*tolerance 0\.05 x max\(1, \|output\|\)", card), card
+
+
+# ---- a config.json whose layer count is not the weights' (issue 33) --------------------------------------------------
+# A 2-layer BERT whose config.json said 10**6 layers ran for minutes (10**4: 37 s) and then listed every missing
+# tensor: the key table and the model were built for the declared count before anything was compared. The count is
+# now checked against the layers the weights hold first. (Marian's decoder has 3 layers.)
+
+
+def tiny_distilbert(directory):
+    torch.manual_seed(0)
+    DistilBertModel(DistilBertConfig(dim=16, n_layers=2, n_heads=2, hidden_dim=32, vocab_size=50)).save_pretrained(
+        directory)
+    return directory
+
+
+def set_field(directory, path, value, file="config.json"):
+    """Set `path` (a field, or [section, field]) in `directory`'s `file`."""
+    location = directory / file
+    fields = json.loads(location.read_text())
+    *sections, name = path
+    target = fields
+    for section in sections:
+        target = target[section]
+    target[name] = value
+    location.write_text(json.dumps(fields))
+
+
+# converter -> (make a source, the field (a path into config.json) that counts the layers of one stack, its layers)
+LAYER_COUNTS = {
+    "bert": (tiny_bert, ["num_hidden_layers"], 2),
+    "distilbert": (tiny_distilbert, ["n_layers"], 2),
+    "warm-start": (tiny_bert, ["num_hidden_layers"], 2),
+    "bert2bert": (tiny_bert2bert, ["decoder", "num_hidden_layers"], 2),
+    "marian": (make_marian, ["decoder_layers"], 3),
+    "bart": (partial(tiny_bart, class_name="BartForConditionalGeneration"), ["encoder_layers"], 2),
+    "bart decoder alone": (partial(tiny_bart, class_name="BartForCausalLM"), ["decoder_layers"], 2),
+}
+
+
+@pytest.mark.parametrize("declared", ["one more", "one fewer"])
+@pytest.mark.parametrize("case", list(LAYER_COUNTS))
+def test_a_layer_count_the_weights_do_not_hold_is_refused_naming_the_field(tmp_path, capsys, case, declared):
+    make, field, held = LAYER_COUNTS[case]
+    source = make(tmp_path / "source")
+    value = held + 1 if declared == "one more" else held - 1
+    set_field(source, field, value)
+    converter = case.split()[0]
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"source/config\.json sets {re.escape('.'.join(field))}={value}, but the weights "
+                                   rf"hold {held} layers \(.*layers?\.0 to .*layers?\.{held - 1}\): set "
+                                   rf"{re.escape('.'.join(field))} to {held} there",
+                   converter, "--source", source, "--output", output, *CONVERTERS.get(converter, []))
+
+
+@pytest.mark.parametrize("case", ["bert", "warm-start", "marian", "bert2bert"])
+def test_an_inflated_layer_count_is_refused_before_any_layer_is_built(tmp_path, capsys, monkeypatch, case):
+    """10**4 layers: what took 37 s to refuse (10**6 took minutes), now refused before a layer is built."""
+    make, field, held = LAYER_COUNTS[case]
+    source = make(tmp_path / "source")
+    set_field(source, field, 10**4)
+
+    def no_layer(*args, **kwargs):
+        raise AssertionError("a layer was built for a layer count the weights do not hold")
+
+    monkeypatch.setattr("hf_vanilla.transformer.VanillaEncoderLayer.__init__", no_layer)  # the decoder's too
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"config\.json sets {re.escape('.'.join(field))}=10000, but the weights hold "
+                                   rf"{held} layers", case, "--source", source, "--output", output,
+                   *CONVERTERS.get(case, []))
+
+
+@pytest.fixture(scope="module")
+def vanilla_checkpoints(tmp_path_factory):
+    """Vanilla checkpoints converted from the tiny sources: reverse converter -> (folder, layer field, layers)."""
+    root = tmp_path_factory.mktemp("vanilla")
+    checkpoints = {}
+    for reverse, (forward, make, field, held) in {
+        "to-bert": ("bert", tiny_bert, "num_hidden_layers", 2),
+        "to-marian": ("marian", make_marian, "decoder_layers", 3),
+        "to-bart": ("bart", partial(tiny_bart, class_name="BartForCausalLM"), "decoder_layers", 2),
+    }.items():
+        source = make(root / f"{forward}-source")
+        assert main([forward, "--source", str(source), "--output", str(root / reverse), "--no-verify"]) == 0
+        checkpoints[reverse] = (root / reverse, field, held)
+    return checkpoints
+
+
+@pytest.mark.parametrize("converter", ["to-bert", "to-marian", "to-bart", "onnx"])
+def test_a_vanilla_checkpoint_whose_layer_count_is_not_its_weights_is_refused(tmp_path, capsys, vanilla_checkpoints,
+                                                                             converter):
+    folder, field, held = vanilla_checkpoints["to-bert" if converter == "onnx" else converter]
+    source = shutil.copytree(folder, tmp_path / "source")
+    set_field(source, [field], held + 1)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"source/config\.json sets {field}={held + 1}, but the weights hold {held} layers "
+                                   rf"\(.*layers\.0 to .*layers\.{held - 1}\)",
+                   converter, "--source", source, "--output", output)
+

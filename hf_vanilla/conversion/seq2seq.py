@@ -43,6 +43,14 @@ def fairseq_layers(stack: str, num_layers: int, cross_attention: bool) -> dict[s
     return expand_table([(prefix + fairseq, prefix + ours) for fairseq, ours in rows], num_layers)
 
 
+def fairseq_layer_counts(config: VanillaSeq2SeqConfig, stacks: tuple) -> list[tuple[str, str, int]]:
+    """The layer count each of `stacks` declares, as `mapping.check_layer_counts` checks it against a fairseq-layout
+    checkpoint (keys as the head classes have them, `model.` prefixed): its config field and our value of it."""
+    fields = {"encoder": ("encoder_layers", config.num_hidden_layers), "decoder": ("decoder_layers",
+                                                                                   config.decoder_layers)}
+    return [(f"model.{stack}.layers.{{i}}.", *fields[stack]) for stack in stacks]
+
+
 def fairseq_fields(config: VanillaSeq2SeqConfig) -> dict:
     """Ours -> the fields a BART-family config (BartConfig, MarianConfig) names alike: `fairseq_config` read
     backwards. Each format adds its own (positions, vocabularies, heads)."""
