@@ -617,3 +617,68 @@ def test_a_vanilla_checkpoint_whose_layer_count_is_not_its_weights_is_refused(tm
                                    rf"\(.*layers\.0 to .*layers\.{held - 1}\)",
                    converter, "--source", source, "--output", output)
 
+
+# ---- generation settings generate() would fail on or misread (issue 33) ---------------------------------------------
+# The encoder-decoder converters copy the source's generation_config.json whole. A token id outside the vocabulary
+# ended in an IndexError reported as "a bug in the converter" (or, for pad and bos ids, was copied into the output);
+# num_beams "four" or 0 was copied as it was.
+
+GENERATION_SOURCES = {
+    "marian": (make_marian, 320),
+    "bart": (partial(tiny_bart, class_name="BartForConditionalGeneration"), 60),
+    "bert2bert": (tiny_bert2bert, 99),
+}
+TOKEN_ID_FIELDS = ("decoder_start_token_id", "forced_eos_token_id", "forced_bos_token_id", "bos_token_id",
+                   "eos_token_id", "pad_token_id")
+
+
+@pytest.mark.parametrize("field", TOKEN_ID_FIELDS)
+@pytest.mark.parametrize("converter", list(GENERATION_SOURCES))
+def test_a_token_id_outside_the_vocabulary_in_generation_config_is_refused(tmp_path, capsys, converter, field):
+    make, vocab_size = GENERATION_SOURCES[converter]
+    source = make(tmp_path / "source")
+    set_field(source, [field], vocab_size, file="generation_config.json")  # one past the last row
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"source/generation_config\.json sets {field}={vocab_size}, but it must be a token "
+                                   rf"id \(from 0 to {vocab_size - 1}: the vocabulary has {vocab_size} tokens\)",
+                   converter, "--source", source, "--output", output)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("num_beams", "four", r"num_beams='four', but it must be a whole number from 1 up"),
+    ("num_beams", 0, r"num_beams=0, but it must be a whole number from 1 up"),
+    ("max_length", 0, r"max_length=0, but it must be a whole number from 1 up"),
+    ("do_sample", "yes", r"do_sample='yes', but it must be true or false"),
+    ("temperature", 2, r"temperature=2, but it must be a number above 0 written with a decimal point"),
+    ("top_p", 1.5, r"top_p=1\.5, but it must be a number in \[0, 1\]"),
+    ("eos_token_id", [], r"eos_token_id=\[\], but it must be a token id \(from 0 to 319.*\) or a list of such ids"),
+    ("bad_words_ids", [[]], r"bad_words_ids=\[\[\]\], but it must be a list of token id sequences, each a non-empty"),
+])
+def test_a_generation_setting_generate_cannot_use_is_refused(tmp_path, capsys, field, value, message):
+    source = make_marian(tmp_path / "source")
+    set_field(source, [field], value, file="generation_config.json")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source/generation_config\.json sets " + message,
+                   "marian", "--source", source, "--output", output)
+
+
+def test_special_ids_outside_the_vocabulary_in_config_json_are_refused_without_a_generation_config(tmp_path, capsys):
+    """Without a generation_config.json, the special ids are read from config.json: checked the same way."""
+    source = tiny_bart(tmp_path / "source", "BartForConditionalGeneration")
+    (source / "generation_config.json").unlink()
+    set_field(source, ["decoder_start_token_id"], 60)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source/config\.json sets decoder_start_token_id=60, but it must be a token id "
+                                   r"\(from 0 to 59: the vocabulary has 60 tokens\)",
+                   "bart", "--source", source, "--output", output)
+
+
+@pytest.mark.parametrize("converter", ["to-marian", "to-bart"])
+def test_a_vanilla_checkpoint_with_a_bad_generation_config_is_refused(tmp_path, capsys, vanilla_checkpoints,
+                                                                      converter):
+    folder, _, _ = vanilla_checkpoints[converter]
+    source = shutil.copytree(folder, tmp_path / "source")
+    set_field(source, ["num_beams"], 0, file="generation_config.json")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source/generation_config\.json sets num_beams=0, but it must be a whole number "
+                                   r"from 1 up", converter, "--source", source, "--output", output)

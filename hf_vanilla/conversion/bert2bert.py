@@ -302,7 +302,9 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
     return write_conversion(
         output, force, source, source_dir,
         build=lambda: with_generation_config(
-            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids),
+            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids,
+            ids_from=f"warm-start (--decoder-start-token-id and --eos-token-id, else the tokenizer's [CLS] and "
+                     f"[SEP]; pad_token_id from {source_dir}/config.json)"),
         verify=(lambda model: verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config,
                                                 decoder_config, ids)) if verify_parity else None,
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer",

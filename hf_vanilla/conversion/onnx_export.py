@@ -166,7 +166,7 @@ def load_model(source_dir: Path, task: str):
     config = transformers.AutoConfig.from_pretrained(source_dir)
     model_class = getattr(modeling_vanilla, next(name for name, t in ARCHITECTURE_TASKS.items() if t == task))
     options = {}
-    generation = read_generation_config(source_dir)
+    generation = read_generation_config(source_dir, config.vocab_size)
     if generation is not None:
         options["generation_config"] = generation
     tensors = load_tensors(source_dir)

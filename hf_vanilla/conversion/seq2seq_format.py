@@ -177,7 +177,8 @@ class Seq2SeqFormat:
         check_layer_counts((key.removeprefix("model.") for key in tensors), vanilla_layer_counts(config),
                            f"{source_dir}/config.json")
         model = self.to_source_model(tensors, config, head, source_config)
-        generation = read_generation_config(source_dir)  # forced_eos_token_id, num_beams...: what generate does
+        # forced_eos_token_id, num_beams...: what generate does
+        generation = read_generation_config(source_dir, config.vocab_size)
         if generation is not None:
             model.generation_config = generation
 
