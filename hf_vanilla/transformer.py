@@ -37,7 +37,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .compat import CACHE_FIELD, cache_field
 from .kernels import VanillaLinear
-from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding
+from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding, sequence_ids
 from .validation import check_inputs, self_attention_cache
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -348,7 +348,8 @@ def additive_mask(mask, dtype):
     return (~allowed).to(dtype) * torch.finfo(dtype).min
 
 
-def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device):
+def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device,
+                        sequences=None):
     """The additive mask (B|1, 1, T|1, S) self-attention adds to its scores, or None when nothing is hidden.
 
     - A 4-D mask is the caller's final word: used as given (True/1 = attend, or already additive).
@@ -356,6 +357,8 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
     - Causal (the decoder, section 3.2.3): query t, at absolute position past_length + t, sees keys
       0..past_length + t and never the future. A static cache holds `key_length` slots, the unused ones in the
       future of every query, so causality hides them too.
+    - `sequences` (B, T), for sequences packed end to end in a row (packing.sequence_ids): a causal query also sees
+      only the keys of its own sequence.
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask.to(dtype) if attention_mask.is_floating_point() else additive_mask(attention_mask, dtype)
@@ -367,6 +370,10 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
     query_pos = torch.arange(query_length, device=device) + past_length  # (T,)
     allowed = torch.arange(key_length, device=device)[None, :] <= query_pos[:, None]  # (T, S)
     allowed = allowed[None, None]  # (1, 1, T, S)
+    if sequences is not None:  # no cache before them: the T queries and the first T keys are the same tokens
+        same = sequences[:, :, None] == sequences[:, None, :]  # (B, T, T)
+        same = nn.functional.pad(same, (0, key_length - query_length))  # a static cache's unused slots
+        allowed = allowed & same[:, None]  # (B, 1, T, S)
     if padded:
         keys = attention_mask.bool()  # (B, past + T)
         keys = nn.functional.pad(keys, (0, key_length - keys.shape[-1]))  # a static cache's unused slots
@@ -419,6 +426,9 @@ class VanillaStack(nn.Module):
                      encoder_attention_mask=encoder_attention_mask,
                      dtype=self.embeddings.word_embeddings.weight.dtype)
         B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        # Sequences packed end to end without a mask, told apart by their positions restarting (packing.py).
+        sequences = (sequence_ids(position_ids.expand(B, T)) if self.is_decoder and position_ids is not None
+                     and attention_mask is None and isinstance(past_length, int) and past_length == 0 else None)
         position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
         packed = None if self.is_decoder or not can_pack(attention_mask, output_attentions) else PackedBatch(attention_mask)
@@ -427,10 +437,13 @@ class VanillaStack(nn.Module):
                 packed.pack, (input_ids, position_ids, token_type_ids, inputs_embeds))
         hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E) or (N, E)
         if packed is None:
-            mask = self._mask(attention_mask, T, past_length, cache, hidden_states)
+            mask = self._mask(attention_mask, T, past_length, cache, hidden_states, sequences)
             if inputs_embeds is not None and has_padding(attention_mask) and attention_mask.dim() == 2:
-                # Padding keys get zero weight, but 0 * NaN is NaN: a NaN the caller left at padding would spread.
-                hidden_states = hidden_states.masked_fill(~attention_mask[:, -T:, None].bool(), 0)
+                # Padding keys get zero weight, but 0 * NaN is NaN: a NaN (or inf) the caller left at padding would
+                # spread. Only those are cleared: a padding position keeps a finite embedding, and computes what it
+                # computes from input_ids (`generate` reads the last position even where it is padding).
+                hidden_states = hidden_states.masked_fill(
+                    ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
         cross_mask = None if encoder_attention_mask is None else additive_mask(
             encoder_attention_mask[:, None, None, :], hidden_states.dtype)  # (B, 1, 1, S)
 
@@ -477,8 +490,8 @@ class VanillaStack(nn.Module):
             position_ids = position_ids + offset
         return position_ids.expand(B, T)  # (T,) or (1, T), shared by every row -> (B, T)
 
-    def _mask(self, attention_mask, T, past_length, cache, hidden_states):
+    def _mask(self, attention_mask, T, past_length, cache, hidden_states, sequences):
         """The padded path's additive self-attention mask (causal in the decoder), sized for the cache's keys."""
         key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T
         return self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder,
-                                   hidden_states.dtype, hidden_states.device)
+                                   hidden_states.dtype, hidden_states.device, sequences)

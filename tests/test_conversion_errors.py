@@ -519,3 +519,166 @@ def test_bfloat16_is_verified_as_saved(tiny_bert_dir, tmp_path, capsys):
     assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
     card = (tmp_path / "out" / "README.md").read_text()
     assert re.search(r"As saved \(bfloat16\): .*\(bf16, .*tolerance 0\.05 x max\(1, \|output\|\)", card), card
+
+
+# ---- a config.json whose layer count is not the weights' (issue 33) --------------------------------------------------
+# A 2-layer BERT whose config.json said 10**6 layers ran for minutes (10**4: 37 s) and then listed every missing
+# tensor: the key table and the model were built for the declared count before anything was compared. The count is
+# now checked against the layers the weights hold first. (Marian's decoder has 3 layers.)
+
+
+def tiny_distilbert(directory):
+    torch.manual_seed(0)
+    DistilBertModel(DistilBertConfig(dim=16, n_layers=2, n_heads=2, hidden_dim=32, vocab_size=50)).save_pretrained(
+        directory)
+    return directory
+
+
+def set_field(directory, path, value, file="config.json"):
+    """Set `path` (a field, or [section, field]) in `directory`'s `file`."""
+    location = directory / file
+    fields = json.loads(location.read_text())
+    *sections, name = path
+    target = fields
+    for section in sections:
+        target = target[section]
+    target[name] = value
+    location.write_text(json.dumps(fields))
+
+
+# converter -> (make a source, the field (a path into config.json) that counts the layers of one stack, its layers)
+LAYER_COUNTS = {
+    "bert": (tiny_bert, ["num_hidden_layers"], 2),
+    "distilbert": (tiny_distilbert, ["n_layers"], 2),
+    "warm-start": (tiny_bert, ["num_hidden_layers"], 2),
+    "bert2bert": (tiny_bert2bert, ["decoder", "num_hidden_layers"], 2),
+    "marian": (make_marian, ["decoder_layers"], 3),
+    "bart": (partial(tiny_bart, class_name="BartForConditionalGeneration"), ["encoder_layers"], 2),
+    "bart decoder alone": (partial(tiny_bart, class_name="BartForCausalLM"), ["decoder_layers"], 2),
+}
+
+
+@pytest.mark.parametrize("declared", ["one more", "one fewer"])
+@pytest.mark.parametrize("case", list(LAYER_COUNTS))
+def test_a_layer_count_the_weights_do_not_hold_is_refused_naming_the_field(tmp_path, capsys, case, declared):
+    make, field, held = LAYER_COUNTS[case]
+    source = make(tmp_path / "source")
+    value = held + 1 if declared == "one more" else held - 1
+    set_field(source, field, value)
+    converter = case.split()[0]
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"source/config\.json sets {re.escape('.'.join(field))}={value}, but the weights "
+                                   rf"hold {held} layers \(.*layers?\.0 to .*layers?\.{held - 1}\): set "
+                                   rf"{re.escape('.'.join(field))} to {held} there",
+                   converter, "--source", source, "--output", output, *CONVERTERS.get(converter, []))
+
+
+@pytest.mark.parametrize("case", ["bert", "warm-start", "marian", "bert2bert"])
+def test_an_inflated_layer_count_is_refused_before_any_layer_is_built(tmp_path, capsys, monkeypatch, case):
+    """10**4 layers: what took 37 s to refuse (10**6 took minutes), now refused before a layer is built."""
+    make, field, held = LAYER_COUNTS[case]
+    source = make(tmp_path / "source")
+    set_field(source, field, 10**4)
+
+    def no_layer(*args, **kwargs):
+        raise AssertionError("a layer was built for a layer count the weights do not hold")
+
+    monkeypatch.setattr("hf_vanilla.transformer.VanillaEncoderLayer.__init__", no_layer)  # the decoder's too
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"config\.json sets {re.escape('.'.join(field))}=10000, but the weights hold "
+                                   rf"{held} layers", case, "--source", source, "--output", output,
+                   *CONVERTERS.get(case, []))
+
+
+@pytest.fixture(scope="module")
+def vanilla_checkpoints(tmp_path_factory):
+    """Vanilla checkpoints converted from the tiny sources: reverse converter -> (folder, layer field, layers)."""
+    root = tmp_path_factory.mktemp("vanilla")
+    checkpoints = {}
+    for reverse, (forward, make, field, held) in {
+        "to-bert": ("bert", tiny_bert, "num_hidden_layers", 2),
+        "to-marian": ("marian", make_marian, "decoder_layers", 3),
+        "to-bart": ("bart", partial(tiny_bart, class_name="BartForCausalLM"), "decoder_layers", 2),
+    }.items():
+        source = make(root / f"{forward}-source")
+        assert main([forward, "--source", str(source), "--output", str(root / reverse), "--no-verify"]) == 0
+        checkpoints[reverse] = (root / reverse, field, held)
+    return checkpoints
+
+
+@pytest.mark.parametrize("converter", ["to-bert", "to-marian", "to-bart", "onnx"])
+def test_a_vanilla_checkpoint_whose_layer_count_is_not_its_weights_is_refused(tmp_path, capsys, vanilla_checkpoints,
+                                                                             converter):
+    folder, field, held = vanilla_checkpoints["to-bert" if converter == "onnx" else converter]
+    source = shutil.copytree(folder, tmp_path / "source")
+    set_field(source, [field], held + 1)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"source/config\.json sets {field}={held + 1}, but the weights hold {held} layers "
+                                   rf"\(.*layers\.0 to .*layers\.{held - 1}\)",
+                   converter, "--source", source, "--output", output)
+
+
+# ---- generation settings generate() would fail on or misread (issue 33) ---------------------------------------------
+# The encoder-decoder converters copy the source's generation_config.json whole. A token id outside the vocabulary
+# ended in an IndexError reported as "a bug in the converter" (or, for pad and bos ids, was copied into the output);
+# num_beams "four" or 0 was copied as it was.
+
+GENERATION_SOURCES = {
+    "marian": (make_marian, 320),
+    "bart": (partial(tiny_bart, class_name="BartForConditionalGeneration"), 60),
+    "bert2bert": (tiny_bert2bert, 99),
+}
+TOKEN_ID_FIELDS = ("decoder_start_token_id", "forced_eos_token_id", "forced_bos_token_id", "bos_token_id",
+                   "eos_token_id", "pad_token_id")
+
+
+@pytest.mark.parametrize("field", TOKEN_ID_FIELDS)
+@pytest.mark.parametrize("converter", list(GENERATION_SOURCES))
+def test_a_token_id_outside_the_vocabulary_in_generation_config_is_refused(tmp_path, capsys, converter, field):
+    make, vocab_size = GENERATION_SOURCES[converter]
+    source = make(tmp_path / "source")
+    set_field(source, [field], vocab_size, file="generation_config.json")  # one past the last row
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"source/generation_config\.json sets {field}={vocab_size}, but it must be a token "
+                                   rf"id \(from 0 to {vocab_size - 1}: the vocabulary has {vocab_size} tokens\)",
+                   converter, "--source", source, "--output", output)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("num_beams", "four", r"num_beams='four', but it must be a whole number from 1 up"),
+    ("num_beams", 0, r"num_beams=0, but it must be a whole number from 1 up"),
+    ("max_length", 0, r"max_length=0, but it must be a whole number from 1 up"),
+    ("do_sample", "yes", r"do_sample='yes', but it must be true or false"),
+    ("temperature", 2, r"temperature=2, but it must be a number above 0 written with a decimal point"),
+    ("top_p", 1.5, r"top_p=1\.5, but it must be a number in \[0, 1\]"),
+    ("eos_token_id", [], r"eos_token_id=\[\], but it must be a token id \(from 0 to 319.*\) or a list of such ids"),
+    ("bad_words_ids", [[]], r"bad_words_ids=\[\[\]\], but it must be a list of token id sequences, each a non-empty"),
+])
+def test_a_generation_setting_generate_cannot_use_is_refused(tmp_path, capsys, field, value, message):
+    source = make_marian(tmp_path / "source")
+    set_field(source, [field], value, file="generation_config.json")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source/generation_config\.json sets " + message,
+                   "marian", "--source", source, "--output", output)
+
+
+def test_special_ids_outside_the_vocabulary_in_config_json_are_refused_without_a_generation_config(tmp_path, capsys):
+    """Without a generation_config.json, the special ids are read from config.json: checked the same way."""
+    source = tiny_bart(tmp_path / "source", "BartForConditionalGeneration")
+    (source / "generation_config.json").unlink()
+    set_field(source, ["decoder_start_token_id"], 60)
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source/config\.json sets decoder_start_token_id=60, but it must be a token id "
+                                   r"\(from 0 to 59: the vocabulary has 60 tokens\)",
+                   "bart", "--source", source, "--output", output)
+
+
+@pytest.mark.parametrize("converter", ["to-marian", "to-bart"])
+def test_a_vanilla_checkpoint_with_a_bad_generation_config_is_refused(tmp_path, capsys, vanilla_checkpoints,
+                                                                      converter):
+    folder, _, _ = vanilla_checkpoints[converter]
+    source = shutil.copytree(folder, tmp_path / "source")
+    set_field(source, ["num_beams"], 0, file="generation_config.json")
+    output = tmp_path / "out"
+    assert_refused(capsys, output, r"source/generation_config\.json sets num_beams=0, but it must be a whole number "
+                                   r"from 1 up", converter, "--source", source, "--output", output)

@@ -169,6 +169,49 @@ def test_inputs_embeds_generate_what_their_input_ids_generate(family):
     assert torch.equal(from_embeds, from_ids)
 
 
+@pytest.mark.parametrize("name", CAUSAL)
+def test_inputs_embeds_score_what_their_input_ids_score_where_the_prompt_ends_in_padding(name):
+    """Regression (issue 33): a causal LM cleared its padding positions' states when given `inputs_embeds` and not
+    when given `input_ids`, so a prompt whose mask ends in padding (transformers' `random_attention_mask` draws such
+    masks) scored its next token from its embeddings 0.1 away from its ids, and generated another token (transformers'
+    `test_generate_from_inputs_embeds` failed). `generate` reads the last position, padding or not."""
+    torch.manual_seed(0)
+    model = FAMILIES[name]().eval()
+    input_ids = torch.stack(prompts(seed=5, lengths=(7, 7)))
+    attention_mask = torch.tensor([[1, 1, 0, 1, 1, 0, 0], [1, 0, 1, 1, 1, 1, 0]])  # padding inside and at the end
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(input_ids)
+        from_ids = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        from_embeds = model(inputs_embeds=embeds, attention_mask=attention_mask).logits
+    assert_close(from_embeds, from_ids)  # every position, padding included: the same input either way
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(model.generate(inputs_embeds=embeds, **kwargs), model.generate(input_ids, **kwargs)[:, 7:])
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", CAUSAL)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_sequences_packed_in_one_row_score_as_they_do_alone(name, attn, use_cache):
+    """Regression (issue 33): transformers' padding-free format (`DataCollatorWithFlattening`) lays sequences end to
+    end in one row, without an attention_mask, their position ids restarting at each sequence; a causal LM let each
+    sequence attend to the ones before it (transformers' `test_eager_padding_matches_padding_free_with_position_ids`
+    failed in 2 of 20 runs in bfloat16). Each sequence now sees only itself, whether or not a cache is kept."""
+    torch.manual_seed(0)
+    model = FAMILIES[name]().eval()
+    model.set_attn_implementation(attn)
+    rows = prompts(seed=6, lengths=(5, 2, 7))
+    input_ids = torch.cat(rows)[None]  # (1, 14)
+    position_ids = torch.cat([torch.arange(len(row)) for row in rows])[None]  # (1, 14): 0..4, 0..1, 0..6
+    with torch.no_grad():
+        packed = model(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache).logits[0]
+        start = 0
+        for i, row in enumerate(rows):
+            alone = model(input_ids=row[None], use_cache=use_cache).logits[0]
+            assert_close(packed[start:start + len(row)], alone, msg=f"sequence {i}")
+            start += len(row)
+
+
 def test_attentions_and_hidden_states_come_back_for_every_step(family):
     name, model = family
     input_ids, attention_mask = batch(name)

@@ -22,13 +22,15 @@ from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
 from .building import build_model
 from .errors import ConversionError
-from .mapping import expand_table, map_tensors, normalise_keys, untie
+from .mapping import check_layer_counts, expand_table, map_tensors, normalise_keys, untie
 from .parity import check, reference_model, rule, verification_batch
 from .reading import load_tensors, read_config, read_source, require_model_type, resolve_source
 from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
 from .writing import write_conversion
 
 # ---- BERT stacks ------------------------------------------------------------------------------------------------
+
+BERT_LAYERS = next(source for source, _ in ENCODER_TABLE if "{i}" in source)  # where a BERT keeps its layers
 
 # BERT's decoder layer (BertLMHeadModel with add_cross_attention) = an encoder layer + this, between self-attention
 # and the feed-forward network, which is our decoder layer's order too.
@@ -97,12 +99,16 @@ def bert_seq2seq_config(encoder: dict, decoder: dict, decoder_start_token_id, eo
     return config
 
 
-def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, tie_word_embeddings: bool):
-    """`EncoderDecoderModel(BertModel, BertLMHeadModel)` tensors -> our model, without copying them."""
+def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, tie_word_embeddings: bool,
+                                 config_file: str = "config.json"):
+    """`EncoderDecoderModel(BertModel, BertLMHeadModel)` tensors -> our model, without copying them. `config_file`:
+    where the config was read from, for messages."""
     encoder = normalise_keys({k.removeprefix("encoder."): v for k, v in tensors.items() if k.startswith("encoder.")},
                              "bert.")
     decoder = normalise_keys({k.removeprefix("decoder."): v for k, v in tensors.items() if k.startswith("decoder.")},
                              "bert.")
+    check_layer_counts(encoder, [(BERT_LAYERS, "encoder.num_hidden_layers", config.num_hidden_layers)], config_file)
+    check_layer_counts(decoder, [(BERT_LAYERS, "decoder.num_hidden_layers", config.decoder_layers)], config_file)
     others = [k for k in tensors if not k.startswith(("encoder.", "decoder."))]
     if tie_word_embeddings:
         try:
@@ -178,8 +184,8 @@ def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: b
                                   and config["decoder"].get("tie_word_embeddings", True))
     return write_conversion(
         output, force, source, source_dir,
-        build=lambda: with_generation_config(
-            bert2bert_tensors_to_vanilla(tensors, vanilla, vanilla.tie_word_embeddings), source_dir, ids),
+        build=lambda: with_generation_config(bert2bert_tensors_to_vanilla(
+            tensors, vanilla, vanilla.tie_word_embeddings, f"{source_dir}/config.json"), source_dir, ids),
         # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
         verify=verifier("EncoderDecoderModel", tensors, source_dir, with_token_types=True) if verify_parity else None,
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer"),
@@ -280,20 +286,25 @@ def convert_warm_start(source: str, output: str, dtype: str = "float32", force: 
     source_dir, bert_config = read_source(source, ("bert",), "warm-start")
     start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
     bert_tensors = load_tensors(source_dir)
+    encoder_config = {k: v for k, v in bert_config.items() if k not in ("is_decoder", "add_cross_attention")}
+    decoder_config = encoder_config | {"is_decoder": True, "add_cross_attention": True}
+    pad = bert_config.get("pad_token_id", 0)
+    # The sizes are checked before any fresh tensor is made for them.
+    config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
+    check_layer_counts(normalise_keys(bert_tensors, "bert."), [(BERT_LAYERS, "num_hidden_layers",
+                                                                config.num_hidden_layers)], f"{source_dir}/config.json")
     tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
     print("Decoder LM head: " + ("BERT's masked-LM head." if has_head else
           "the source has no masked-LM head: transform freshly initialised, output bias zero, output weights tied to "
           "the decoder's word embeddings."))
     print(f"Cross-attention: freshly initialised (N(0, {bert_config.get('initializer_range', 0.02)}), seed {seed}).")
-    encoder_config = {k: v for k, v in bert_config.items() if k not in ("is_decoder", "add_cross_attention")}
-    decoder_config = encoder_config | {"is_decoder": True, "add_cross_attention": True}
-    pad = bert_config.get("pad_token_id", 0)
-    config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
     ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
     return write_conversion(
         output, force, source, source_dir,
         build=lambda: with_generation_config(
-            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids),
+            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids,
+            ids_from=f"warm-start (--decoder-start-token-id and --eos-token-id, else the tokenizer's [CLS] and "
+                     f"[SEP]; pad_token_id from {source_dir}/config.json)"),
         verify=(lambda model: verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config,
                                                 decoder_config, ids)) if verify_parity else None,
         save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer",

@@ -101,4 +101,5 @@ FORMAT = EncoderFormat(
     vanilla_config=vanilla_config,
     source_config=source_config,
     fixed_values=fixed_values,
+    layers_field="n_layers",
 )

@@ -12,7 +12,15 @@ from ..configuration_vanilla import VanillaEncoderConfig
 from ..heads import class_for_head, converter_heads
 from .building import build_model
 from .errors import ConversionError
-from .mapping import expand_table, map_tensors, normalise_keys, source_namer, untie
+from .mapping import (
+    check_layer_counts,
+    expand_table,
+    map_tensors,
+    normalise_keys,
+    source_namer,
+    untie,
+    vanilla_layer_counts,
+)
 from .parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
 from .reading import load_tensors, read_source
 from .writing import cast_for_saving, save_checkpoint, write_conversion, write_source_format
@@ -145,6 +153,7 @@ class EncoderFormat:
         decoder_hint: the way out named when a decoder (cross-attention, or a causal stack where no head is
             causal) is refused.
         limitations: appended to the converted model card's parity section.
+        layers_field: the source config's field for the number of layers (DistilBERT's "n_layers").
     """
 
     name: str
@@ -160,6 +169,7 @@ class EncoderFormat:
     mislabelled: dict = field(default_factory=dict)
     decoder_hint: str = "only encoders convert."
     limitations: str = ""
+    layers_field: str = "num_hidden_layers"
 
     def __post_init__(self):
         """`heads` must be the heads hf_vanilla/heads.py declares for this format (what the command line offers): a
@@ -264,11 +274,14 @@ class EncoderFormat:
             raise ConversionError(f"The source's config.json describes no valid encoder: {error}") from None
         return config
 
-    def to_vanilla(self, tensors: dict, source_config: dict, head: str):
-        """In memory: source tensors and full config dict -> a vanilla model sharing their storage."""
+    def to_vanilla(self, tensors: dict, source_config: dict, head: str, config_file: str = "config.json"):
+        """In memory: source tensors and full config dict -> a vanilla model sharing their storage. `config_file`:
+        where the config was read from, for messages."""
         config = self.encoder_config(source_config, head)
         spec = self.heads[head]
         normalised = normalise_keys(tensors, self.prefix)
+        layers = next(source for source, _ in self.encoder_table if "{i}" in source)
+        check_layer_counts(normalised, [(layers, self.layers_field, config.num_hidden_layers)], config_file)
         checkpoint_names = dict(zip(normalised, tensors))  # for messages: the names the user's checkpoint has
         untie(normalised, spec.tied, self.title, "Convert with --head base to keep the encoder only.")
         # A base model has a pooler when saved with one (BertModel(add_pooling_layer=False) has none); a head that
@@ -312,7 +325,7 @@ class EncoderFormat:
         model_type = source_config["model_type"]
         return write_conversion(
             output, force, source, source_dir,
-            build=lambda: self.to_vanilla(tensors, source_config, head),
+            build=lambda: self.to_vanilla(tensors, source_config, head, f"{source_dir}/config.json"),
             verify=(lambda model: self.verify(source_dir, tensors, model, head, model_type)) if verify_parity else None,
             save=lambda model, directory: save_checkpoint(model, directory, source_dir),
             title=f"{Path(source).name} as a vanilla encoder",
@@ -371,6 +384,8 @@ class EncoderFormat:
         target_config = self.source_config(config, head, model_type)
         target_config.architectures = [source_class.__name__]
         tensors = load_tensors(source_dir)
+        check_layer_counts((key.removeprefix("model.") for key in tensors), vanilla_layer_counts(config),
+                           f"{source_dir}/config.json")
         ours = dict(tensors)  # `tensors` stays whole for the verification's reference
         untie(ours, tied, self.title, "Save the model again (save_pretrained re-ties it) or fix the checkpoint.")
         inverse = {o: s for s, o in self.key_table(config.num_hidden_layers, head,

@@ -26,6 +26,7 @@ from .. import modeling_vanilla
 from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
 from ..heads import export_tasks
 from .errors import ConversionError
+from .mapping import check_layer_counts, vanilla_layer_counts
 from .output import atomic_output
 from .parity import check, require_parity, rule, verification_batch
 from .reading import load_tensors, read_config, read_generation_config, require_model_type, resolve_source
@@ -165,11 +166,14 @@ def load_model(source_dir: Path, task: str):
     config = transformers.AutoConfig.from_pretrained(source_dir)
     model_class = getattr(modeling_vanilla, next(name for name, t in ARCHITECTURE_TASKS.items() if t == task))
     options = {}
-    generation = read_generation_config(source_dir)
+    generation = read_generation_config(source_dir, config.vocab_size)
     if generation is not None:
         options["generation_config"] = generation
-    model, info = model_class.from_pretrained(None, config=config, state_dict=load_tensors(source_dir),
-                                              dtype=torch.float32, output_loading_info=True, **options)
+    tensors = load_tensors(source_dir)
+    check_layer_counts((key.removeprefix("model.") for key in tensors), vanilla_layer_counts(config),
+                       f"{source_dir}/config.json")
+    model, info = model_class.from_pretrained(None, config=config, state_dict=tensors, dtype=torch.float32,
+                                              output_loading_info=True, **options)
     if info["missing_keys"]:
         raise ConversionError(
             f"{source_dir} has no weights for the {task!r} head (missing {sorted(info['missing_keys'])[:5]}); pick "

@@ -67,10 +67,11 @@ def read_json(path: Path, what: str) -> dict:
     return value
 
 
-def read_generation_config(source_dir: Path):
+def read_generation_config(source_dir: Path, vocab_size: int | None = None):
     """The checkpoint's generation_config.json as transformers' `GenerationConfig` (forced_eos_token_id,
-    bad_words_ids, num_beams...: what `generate` does), or None where it has none. Damaged, or holding settings
-    transformers refuses, it is an error naming the file."""
+    bad_words_ids, num_beams...: what `generate` does), or None where it has none. Damaged, holding settings
+    transformers refuses, a setting of the wrong type or range (`check_generation_settings`), or, given the model's
+    `vocab_size`, a token id outside the vocabulary: an error naming the file and the field."""
     from transformers import GenerationConfig
 
     path = source_dir / "generation_config.json"
@@ -78,10 +79,88 @@ def read_generation_config(source_dir: Path):
         return None
     read_json(path, "generation config")
     try:
-        return GenerationConfig.from_pretrained(source_dir)
-    except ValueError as error:
+        generation = GenerationConfig.from_pretrained(source_dir)
+    except (ValueError, TypeError) as error:
         raise ConversionError(f"{path} holds settings transformers refuses ({error}): fix or delete that file in the "
                               f"source.") from None
+    check_generation_settings(generation, path, vocab_size)
+    return generation
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _whole(low: int):
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f"a whole number from {low} up"
+
+
+def _fraction(low_open: bool, high_open: bool):
+    def within(v):
+        return _number(v) and (0 < v if low_open else 0 <= v) and (v < 1 if high_open else v <= 1)
+    return within, f"a number in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+
+
+# What `generate` needs each setting of a generation config to be, for the settings transformers reads from the file
+# without checking and then fails on, or silently misreads, in `generate()` (num_beams "four", 0 beams, a temperature
+# of 2 that its warper refuses as not a float). transformers' own checks (GenerationConfig.validate) run first.
+def _factor(value) -> bool:
+    """A multiplier transformers' warpers take: a float above 0 (they refuse the integer 2), or 1, which none
+    applies."""
+    return (isinstance(value, float) and value > 0) or (value == 1 and not isinstance(value, bool))
+
+
+_FACTOR = (_factor, "a number above 0 written with a decimal point (transformers refuses 2 where it needs 2.0)")
+GENERATION_SETTINGS = {
+    "num_beams": _whole(1), "num_return_sequences": _whole(1), "max_length": _whole(1), "max_new_tokens": _whole(1),
+    "min_length": _whole(0), "min_new_tokens": _whole(0), "no_repeat_ngram_size": _whole(0),
+    "encoder_no_repeat_ngram_size": _whole(0), "top_k": _whole(0),
+    **dict.fromkeys(("do_sample", "use_cache", "remove_invalid_values", "renormalize_logits", "output_scores",
+                     "output_logits", "output_attentions", "output_hidden_states", "return_dict_in_generate"),
+                    ((lambda v: isinstance(v, bool)), "true or false")),
+    "temperature": _FACTOR, "repetition_penalty": _FACTOR, "encoder_repetition_penalty": _FACTOR,
+    "length_penalty": (_number, "a number"),
+    "top_p": _fraction(False, False), "typical_p": _fraction(True, False), "min_p": _fraction(False, False),
+    "epsilon_cutoff": _fraction(False, True), "eta_cutoff": _fraction(False, True),
+}
+# Token ids: one id, or (where transformers takes several) a list of ids.
+TOKEN_ID_SETTINGS = {"bos_token_id": False, "pad_token_id": False, "forced_bos_token_id": False,
+                     "eos_token_id": True, "forced_eos_token_id": True, "decoder_start_token_id": True}
+TOKEN_LIST_SETTINGS = ("suppress_tokens", "begin_suppress_tokens")
+
+
+def check_generation_settings(generation, path, vocab_size: int | None = None) -> None:
+    """Refuse a generation config (read from `path`, named in the message) holding a setting `generate` would fail on
+    or misread: the types and ranges of `GENERATION_SETTINGS`, and token ids that are not ids (or, given the model's
+    `vocab_size`, not rows of its vocabulary; `generate` would index past the logits)."""
+    def refuse(field, value, what):
+        raise ConversionError(f"{path} sets {field}={value!r}, but it must be {what}: fix that field (or delete it, "
+                              f"for transformers' default) in the source.")
+
+    for field, (valid, what) in GENERATION_SETTINGS.items():
+        value = getattr(generation, field, None)
+        if value is not None and not valid(value):
+            refuse(field, value, what)
+    span = f"from 0 to {vocab_size - 1}: the vocabulary has {vocab_size} tokens" if vocab_size else "from 0 up"
+
+    def is_id(value):
+        return (isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                and (vocab_size is None or value < vocab_size))
+
+    for field, several in TOKEN_ID_SETTINGS.items():
+        value = getattr(generation, field, None)
+        if value is None:
+            continue
+        if not (is_id(value) or several and isinstance(value, list) and value and all(map(is_id, value))):
+            refuse(field, value, f"a token id ({span})" + (" or a list of such ids" if several else ""))
+    for field in TOKEN_LIST_SETTINGS:
+        value = getattr(generation, field, None)
+        if value is not None and not (isinstance(value, list) and all(map(is_id, value))):
+            refuse(field, value, f"a list of token ids ({span})")
+    bad_words = getattr(generation, "bad_words_ids", None)
+    if bad_words is not None and not (isinstance(bad_words, list) and all(
+            isinstance(words, list) and words and all(map(is_id, words)) for words in bad_words)):
+        refuse("bad_words_ids", bad_words, f"a list of token id sequences, each a non-empty list of ids ({span})")
 
 
 def _too_deep(text: str) -> str | None:

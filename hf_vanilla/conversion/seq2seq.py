@@ -12,7 +12,7 @@ from ..configuration_vanilla import VanillaSeq2SeqConfig
 from .errors import ConversionError
 from .mapping import expand_table
 from .parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
-from .reading import read_generation_config, read_json
+from .reading import check_generation_settings, read_generation_config, read_json
 from .writing import TOKENIZER_FILES, copy_side_files, save_checkpoint
 
 # ---- fairseq's layout: BART and Marian ----------------------------------------------------------------------
@@ -41,6 +41,14 @@ def fairseq_layers(stack: str, num_layers: int, cross_attention: bool) -> dict[s
     rows = FAIRSEQ_LAYER_TABLE + (FAIRSEQ_CROSS_ATTENTION_TABLE if cross_attention else [])
     prefix = f"model.{stack}.layers.{{i}}."
     return expand_table([(prefix + fairseq, prefix + ours) for fairseq, ours in rows], num_layers)
+
+
+def fairseq_layer_counts(config: VanillaSeq2SeqConfig, stacks: tuple) -> list[tuple[str, str, int]]:
+    """The layer count each of `stacks` declares, as `mapping.check_layer_counts` checks it against a fairseq-layout
+    checkpoint (keys as the head classes have them, `model.` prefixed): its config field and our value of it."""
+    fields = {"encoder": ("encoder_layers", config.num_hidden_layers), "decoder": ("decoder_layers",
+                                                                                   config.decoder_layers)}
+    return [(f"model.{stack}.layers.{{i}}.", *fields[stack]) for stack in stacks]
 
 
 def fairseq_fields(config: VanillaSeq2SeqConfig) -> dict:
@@ -157,14 +165,18 @@ def generation_ids(source_dir: Path, config: dict) -> dict:
     return ids
 
 
-def with_generation_config(model, source_dir: Path | None, ids: dict):
+def with_generation_config(model, source_dir: Path | None, ids: dict, ids_from: str | None = None):
     """`model`, given the source's generation config whole (forced_eos_token_id, bad_words_ids, num_beams... all
-    change what `generate` returns); without one, the special ids alone."""
+    change what `generate` returns); without one, the special ids alone, read from `ids_from` (the source's
+    config.json by default). Either is refused, naming the file and the field, where `generate` would fail on it: a
+    token id outside the model's vocabulary, a setting of the wrong type or range (reading.py)."""
     from transformers import GenerationConfig
 
-    generation = read_generation_config(source_dir) if source_dir is not None else None
+    vocab_size = model.config.vocab_size
+    generation = read_generation_config(source_dir, vocab_size) if source_dir is not None else None
     if generation is None:
         generation = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+        check_generation_settings(generation, ids_from or f"{source_dir}/config.json", vocab_size)
     model.generation_config = generation
     return model
 

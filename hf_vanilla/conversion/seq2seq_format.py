@@ -12,10 +12,17 @@ from pathlib import Path
 from ..configuration_vanilla import VanillaSeq2SeqConfig
 from .building import build_model
 from .errors import ConversionError
-from .mapping import map_tensors
+from .mapping import check_layer_counts, map_tensors, vanilla_layer_counts
 from .parity import reference_model
 from .reading import load_tensors, read_generation_config, read_source
-from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
+from .seq2seq import (
+    fairseq_layer_counts,
+    generation_ids,
+    save_seq2seq,
+    verifier,
+    verify_seq2seq,
+    with_generation_config,
+)
 from .writing import write_conversion, write_source_format
 
 
@@ -93,10 +100,12 @@ class Seq2SeqFormat:
 
     # ---- source -> vanilla ----
 
-    def to_vanilla(self, tensors: dict, source_config: dict, head: str):
-        """In memory: source tensors and config dict -> a vanilla model sharing their storage."""
+    def to_vanilla(self, tensors: dict, source_config: dict, head: str, config_file: str = "config.json"):
+        """In memory: source tensors and config dict -> a vanilla model sharing their storage. `config_file`: where
+        the config was read from, for messages."""
         config = self.vanilla_config(source_config, head)
         tensors = self.prepare(tensors, config)
+        check_layer_counts(tensors, fairseq_layer_counts(config, self.heads[head].stacks), config_file)
         embeddings = self.embeddings(tensors, config, head)
         mapped, unknown = map_tensors(tensors, self.key_table(config, head), self.dropped(config, head))
         mapped.update(embeddings)
@@ -116,7 +125,8 @@ class Seq2SeqFormat:
         what = "encoder-decoder" if len(self.heads) == 1 else spec.model_class.__name__
         return write_conversion(
             output, force, source, source_dir,
-            build=lambda: with_generation_config(self.to_vanilla(tensors, source_config, head), source_dir, ids),
+            build=lambda: with_generation_config(
+                self.to_vanilla(tensors, source_config, head, f"{source_dir}/config.json"), source_dir, ids),
             verify=verifier(head, tensors, source_dir, decoder_inputs=spec.decoder_inputs,
                             generation=spec.generates) if verify_parity else None,
             save=lambda model, directory: save_seq2seq(model, directory, source_dir, self.tokenizer_class),
@@ -164,8 +174,11 @@ class Seq2SeqFormat:
                                   f"{sorted(spec.model_class.__name__ for spec in self.heads.values())}.")
         spec, source_config = self.heads[head], self.source_config(config, head)  # refused before reading weights
         tensors = load_tensors(source_dir)
+        check_layer_counts((key.removeprefix("model.") for key in tensors), vanilla_layer_counts(config),
+                           f"{source_dir}/config.json")
         model = self.to_source_model(tensors, config, head, source_config)
-        generation = read_generation_config(source_dir)  # forced_eos_token_id, num_beams...: what generate does
+        # forced_eos_token_id, num_beams...: what generate does
+        generation = read_generation_config(source_dir, config.vocab_size)
         if generation is not None:
             model.generation_config = generation
 
