@@ -14,9 +14,8 @@ nothing else can differ: an encoder (no causal mask, no cache), a 2-D padding ma
 real token (what the heads read at position 0 is then a real token's state on both paths), no attention maps
 asked for, and not while tracing or exporting (shapes here depend on the mask's values).
 
-The other padding-free format arrives packed already: sequences laid end to end in one row, without an
-attention_mask, their `position_ids` restarting at each new sequence. `sequence_ids` tells them apart, for the causal
-mask to keep each one to itself.
+The other padding-free format (sequences packed end to end in one row, told apart by their positions) is a mask's
+matter: masks.sequence_ids.
 """
 
 import itertools
@@ -24,13 +23,6 @@ import itertools
 import torch
 
 from .kernels import is_tracing
-
-
-def has_padding(mask) -> bool:
-    """Whether a 1/0 `attention_mask` hides any token. A mask of ones needs no masking at all: attention then runs
-    without a mask, bit for bit what it gives without `attention_mask`. (Always True while tracing, where the
-    graph must not depend on the mask's values.)"""
-    return mask is not None and (is_tracing() or not mask.all())
 
 
 def can_pack(attention_mask, output_attentions: bool) -> bool:
@@ -78,21 +70,6 @@ class PackedBatch:
         return rows.view(self.batch_size, self.length, -1)
 
 
-def sequence_ids(position_ids):
-    """Which sequence each token belongs to, (B, T), for sequences laid end to end in one row and told apart only by
-    their `position_ids` restarting: transformers' padding-free format (`DataCollatorWithFlattening`, no
-    attention_mask), which its causal masks honour the same way (`find_packed_sequence_indices`). A token starts a
-    new sequence wherever its position is not its predecessor's plus one. None when no row restarts (always a tensor
-    while tracing, where the graph must not branch on values).
-
-    position_ids: (B, T). E.g. [[0, 1, 2, 0, 1]] -> [[0, 0, 0, 1, 1]]."""
-    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)  # (B, T): the first token continues
-    ids = (position_ids != previous + 1).cumsum(-1)  # (B, T)
-    if not is_tracing() and not ids[:, -1].any():
-        return None
-    return ids
-
-
 def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, dropout, scaling):
     """Attention for sequences laid end to end: query, key, value (N, H, D) -> context (N, H*D).
 
@@ -110,4 +87,4 @@ def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, d
     return contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, E)
 
 
-__all__ = ["PackedBatch", "attend_within_sequences", "can_pack", "has_padding", "sequence_ids"]
+__all__ = ["PackedBatch", "attend_within_sequences", "can_pack"]

@@ -20,9 +20,9 @@ Where BERT departs from the paper (GELU, learned positions, segment embeddings, 
 epsilon 1e-12, a pooler), the config switches it; the comments say why. This file holds the ideas and nothing else:
 the Hugging Face models built on them (the pretrained-model base, the three bodies, every head) are in
 `modeling_vanilla.py`, and the machinery that makes them fast and safe lives beside it, one call each:
-`kernels.py` (which matmul kernel runs a projection), `packing.py` (padded batches run without their padding),
-`validation.py` (bad input refused before any kernel runs) and `compat.py` (what differs between transformers
-versions).
+`masks.py` (every mask: padding, causal, packed sequences), `kernels.py` (which matmul kernel runs a projection),
+`packing.py` (padded batches run without their padding), `validation.py` (bad input refused before any kernel runs)
+and `compat.py` (what differs between transformers versions).
 """
 
 import math
@@ -37,7 +37,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .compat import CACHE_FIELD, cache_field
 from .kernels import VanillaLinear
-from .packing import PackedBatch, attend_within_sequences, can_pack, has_padding, sequence_ids
+from .masks import cross_attention_mask, has_padding, self_attention_mask, sequence_ids
+from .packing import PackedBatch, attend_within_sequences, can_pack
 from .validation import check_inputs, self_attention_cache
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -337,51 +338,6 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def additive_mask(mask, dtype):
-    """1/0 (or bool) mask (..., S) -> 0 where attending is allowed, the dtype's minimum where it is not.
-
-    A query that may attend to nothing (a row that is all padding) is let attend to every key instead: its output
-    is meaningless either way, but a row of minima overflows to -inf in float16 (score + min < -65504) and the
-    softmax of an all -inf row is NaN."""
-    allowed = mask.bool()
-    allowed = allowed | ~allowed.any(-1, keepdim=True)  # (..., S): fully masked rows become fully open
-    return (~allowed).to(dtype) * torch.finfo(dtype).min
-
-
-def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device,
-                        sequences=None):
-    """The additive mask (B|1, 1, T|1, S) self-attention adds to its scores, or None when nothing is hidden.
-
-    - A 4-D mask is the caller's final word: used as given (True/1 = attend, or already additive).
-    - A 2-D padding mask (B, S) hides padding keys.
-    - Causal (the decoder, section 3.2.3): query t, at absolute position past_length + t, sees keys
-      0..past_length + t and never the future. A static cache holds `key_length` slots, the unused ones in the
-      future of every query, so causality hides them too.
-    - `sequences` (B, T), for sequences packed end to end in a row (packing.sequence_ids): a causal query also sees
-      only the keys of its own sequence.
-    """
-    if attention_mask is not None and attention_mask.dim() == 4:
-        return attention_mask.to(dtype) if attention_mask.is_floating_point() else additive_mask(attention_mask, dtype)
-    padded = has_padding(attention_mask)
-    if not causal:
-        return additive_mask(attention_mask[:, None, None, :], dtype) if padded else None  # (B, 1, 1, S)
-    if query_length == 1 and not padded and isinstance(past_length, int) and key_length == past_length + 1:
-        return None  # one new token may see every key: nothing to mask
-    query_pos = torch.arange(query_length, device=device) + past_length  # (T,)
-    allowed = torch.arange(key_length, device=device)[None, :] <= query_pos[:, None]  # (T, S)
-    allowed = allowed[None, None]  # (1, 1, T, S)
-    if sequences is not None:  # no cache before them: the T queries and the first T keys are the same tokens
-        same = sequences[:, :, None] == sequences[:, None, :]  # (B, T, T)
-        same = nn.functional.pad(same, (0, key_length - query_length))  # a static cache's unused slots
-        allowed = allowed & same[:, None]  # (B, 1, T, S)
-    if padded:
-        keys = attention_mask.bool()  # (B, past + T)
-        keys = nn.functional.pad(keys, (0, key_length - keys.shape[-1]))  # a static cache's unused slots
-        allowed = allowed & keys[:, None, None, :]  # (B, 1, T, S)
-    return additive_mask(allowed, dtype)
-
-
-
 class VanillaStack(nn.Module):
     """Embeddings followed by N identical layers: the encoder (section 3.1, left) or the decoder (right).
 
@@ -444,8 +400,7 @@ class VanillaStack(nn.Module):
                 # computes from input_ids (`generate` reads the last position even where it is padding).
                 hidden_states = hidden_states.masked_fill(
                     ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
-        cross_mask = None if encoder_attention_mask is None else additive_mask(
-            encoder_attention_mask[:, None, None, :], hidden_states.dtype)  # (B, 1, 1, S)
+        cross_mask = cross_attention_mask(encoder_attention_mask, hidden_states.dtype)  # (B, 1, 1, S)
 
         # The N layers (section 3.1): each reads the previous one's output.
         all_hidden_states, all_self, all_cross = [hidden_states], [], []

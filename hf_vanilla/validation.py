@@ -17,6 +17,7 @@ tracing, where a graph must not depend on them.
 import torch
 
 from .kernels import is_tracing
+from .masks import check_mask_shape, check_mask_values
 
 IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
 ID_DTYPES = (torch.int64, torch.int32)
@@ -59,7 +60,7 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         shape = tuple(inputs_embeds.shape[:2])
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
-    _check_mask_shape(mask_name, attention_mask, shape, past_length, cache, ids_name)
+    check_mask_shape(mask_name, attention_mask, shape, past_length, cache, ids_name)
     for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
         if ids is None:
             continue
@@ -90,8 +91,8 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
             )
     if is_tracing():
         return
-    _check_mask_values(mask_name, attention_mask)
-    _check_mask_values("attention_mask", encoder_attention_mask)
+    check_mask_values(mask_name, attention_mask)
+    check_mask_values("attention_mask", encoder_attention_mask)
     _check_range(ids_name, input_ids, config.vocab_size, "vocab_size",
                  "use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
     if config.type_vocab_size > 0:
@@ -226,51 +227,6 @@ def _check_integer(name, ids):
         raise ValueError(
             f"{name} must hold integer ids, got dtype {ids.dtype}: convert with {name}.long() (int64 or int32 is "
             f"what an embedding or a loss indexes with)."
-        )
-
-
-def _check_mask_shape(name, mask, shape, past_length, cache, ids_name):
-    """A 2-D padding mask has one 1/0 per token (of the cache too, when decoding). A 4-D mask, as transformers'
-    mask utilities and `generate` with a static cache build it, is (batch or 1, 1, length or 1, keys) and is used
-    as given: True/1 (or an additive 0) where a query may attend, False/0 (or a large negative number) where not."""
-    if mask is None:
-        return
-    if mask.is_complex():
-        raise ValueError(f"{name} must be bool, integer or float, got {mask.dtype}: pass the tokenizer's mask.")
-    if mask.dim() == 4:
-        key_length = cache.get_mask_sizes(shape[1], 0)[0] if cache is not None else shape[1]
-        if (mask.shape[0] not in (1, shape[0]) or mask.shape[1] != 1 or mask.shape[2] not in (1, shape[1])
-                or mask.shape[3] != key_length):
-            raise ValueError(
-                f"A 4-D {name} must be (batch, 1, query length, key length) = ({shape[0]}, 1, {shape[1]}, "
-                f"{key_length}) (batch and query length may be 1, to broadcast), got {tuple(mask.shape)}."
-            )
-        return
-    with_cache = (shape[0], past_length + shape[1])
-    if tuple(mask.shape) not in (shape, with_cache):
-        expected = with_cache if past_length else shape
-        raise ValueError(
-            f"{name} has shape {tuple(mask.shape)} but should be {expected}, one 1/0 per token of {ids_name} "
-            f"{shape}{' and of the cache' if past_length else ''}: pass the tokenizer's attention_mask (or a 4-D "
-            f"mask of shape (batch, 1, query length, key length))."
-        )
-
-
-def _check_mask_values(name, mask):
-    """Padding masks are 1 (token) / 0 (padding); any other value would be read differently by the padded and
-    packed paths. A float 4-D mask is additive and taken as given."""
-    if mask is None or mask.dtype == torch.bool or (mask.dim() == 4 and mask.is_floating_point()):
-        return
-    if mask.is_floating_point():
-        valid = bool(((mask == 0) | (mask == 1)).all())
-    else:  # integers hold nothing but 1 and 0 when their extremes do: one reduction
-        low, high = (int(x) for x in torch.aminmax(mask))
-        valid = low >= 0 and high <= 1
-    if not valid:
-        invalid = (mask != 0) & (mask != 1)
-        raise ValueError(
-            f"{name} must hold 1 (token) or 0 (padding), got {mask[invalid][0].item()}: pass the tokenizer's "
-            f"attention_mask (an additive mask must be 4-D: (batch, 1, query length, key length))."
         )
 
 

@@ -23,7 +23,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTrainin
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
 from hf_vanilla.conversion.cli import main
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
-from hf_vanilla.transformer import additive_mask
+from hf_vanilla.masks import additive_mask
 
 pytestmark = pytest.mark.parity
 SENTENCE_PAIRS = [

@@ -206,7 +206,7 @@ def test_a_resaved_checkpoint_carries_its_code(resaved):
     files it names must be there, and each Auto class must still name its own class."""
     _, directory = resaved
     code_files = ("configuration_vanilla.py", "modeling_vanilla.py", "transformer.py", "compat.py", "kernels.py",
-                  "measure.py", "packing.py", "validation.py")
+                  "masks.py", "measure.py", "packing.py", "validation.py")
     assert all((directory / name).is_file() for name in code_files)  # the modeling file's relative imports travel
     auto_map = json.loads((directory / "config.json").read_text())["auto_map"]
     assert auto_map["AutoConfig"] == "configuration_vanilla.VanillaEncoderConfig"

@@ -20,6 +20,7 @@ import torch
 from numerics import assert_close
 
 import hf_vanilla.transformer as transformer_module
+from hf_vanilla.masks import additive_mask
 from hf_vanilla.modeling_vanilla import shift_tokens_right
 from hf_vanilla import (
     VanillaEncoderConfig,
@@ -645,7 +646,7 @@ def test_all_padding_row_in_half_precision_padded_path(dtype):
 
 def test_additive_mask_opens_fully_masked_rows_only():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    additive = transformer_module.additive_mask(mask[:, None, None, :], torch.float16)
+    additive = additive_mask(mask[:, None, None, :], torch.float16)
     low = torch.finfo(torch.float16).min
     assert additive[0, 0, 0].tolist() == [0, 0, low]
     assert additive[1, 0, 0].tolist() == [0, 0, 0]

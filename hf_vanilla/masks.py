@@ -1,0 +1,143 @@
+"""Every mask in one room: what a 1/0 `attention_mask` may be, and the additive masks attention adds to its scores.
+
+A padding mask travels from a head to attention in three steps, each a function here: its shape and values are
+checked with the other inputs before anything runs (`check_mask_shape`, `check_mask_values`, called by
+validation.check_inputs); whether it hides anything at all decides the path (`has_padding`: a mask of ones needs no
+mask; packing.py runs a padded encoder batch without its padding); and the padded path turns it into the additive
+mask of its attention (`self_attention_mask`, causal in the decoder; `cross_attention_mask` for the keys of the
+source). transformers keeps its own in `masking_utils`; these are the model's, in one convention: 1/True attends,
+0/False does not, converted to additive 0 / the dtype's minimum once (`additive_mask`).
+
+The other padding-free format arrives packed already: sequences laid end to end in one row, without an
+attention_mask, their `position_ids` restarting at each new sequence. `sequence_ids` tells them apart, for the causal
+mask to keep each one to itself.
+"""
+
+import torch
+from torch import nn
+
+from .kernels import is_tracing
+
+
+def additive_mask(mask, dtype):
+    """1/0 (or bool) mask (..., S) -> 0 where attending is allowed, the dtype's minimum where it is not.
+
+    A query that may attend to nothing (a row that is all padding) is let attend to every key instead: its output
+    is meaningless either way, but a row of minima overflows to -inf in float16 (score + min < -65504) and the
+    softmax of an all -inf row is NaN."""
+    allowed = mask.bool()
+    allowed = allowed | ~allowed.any(-1, keepdim=True)  # (..., S): fully masked rows become fully open
+    return (~allowed).to(dtype) * torch.finfo(dtype).min
+
+
+def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device,
+                        sequences=None):
+    """The additive mask (B|1, 1, T|1, S) self-attention adds to its scores, or None when nothing is hidden.
+
+    - A 4-D mask is the caller's final word: used as given (True/1 = attend, or already additive).
+    - A 2-D padding mask (B, S) hides padding keys.
+    - Causal (the decoder, section 3.2.3): query t, at absolute position past_length + t, sees keys
+      0..past_length + t and never the future. A static cache holds `key_length` slots, the unused ones in the
+      future of every query, so causality hides them too.
+    - `sequences` (B, T), for sequences packed end to end in a row (`sequence_ids`): a causal query also sees
+      only the keys of its own sequence.
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask.to(dtype) if attention_mask.is_floating_point() else additive_mask(attention_mask, dtype)
+    padded = has_padding(attention_mask)
+    if not causal:
+        return additive_mask(attention_mask[:, None, None, :], dtype) if padded else None  # (B, 1, 1, S)
+    if query_length == 1 and not padded and isinstance(past_length, int) and key_length == past_length + 1:
+        return None  # one new token may see every key: nothing to mask
+    query_pos = torch.arange(query_length, device=device) + past_length  # (T,)
+    allowed = torch.arange(key_length, device=device)[None, :] <= query_pos[:, None]  # (T, S)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if sequences is not None:  # no cache before them: the T queries and the first T keys are the same tokens
+        same = sequences[:, :, None] == sequences[:, None, :]  # (B, T, T)
+        same = nn.functional.pad(same, (0, key_length - query_length))  # a static cache's unused slots
+        allowed = allowed & same[:, None]  # (B, 1, T, S)
+    if padded:
+        keys = attention_mask.bool()  # (B, past + T)
+        keys = nn.functional.pad(keys, (0, key_length - keys.shape[-1]))  # a static cache's unused slots
+        allowed = allowed & keys[:, None, None, :]  # (B, 1, T, S)
+    return additive_mask(allowed, dtype)
+
+
+def cross_attention_mask(encoder_attention_mask, dtype):
+    """The additive mask (B, 1, 1, S) cross-attention adds to its scores: the source's padding keys hidden (section
+    3.2.3: every target position attends over all source positions), or None without a source mask."""
+    return None if encoder_attention_mask is None else additive_mask(encoder_attention_mask[:, None, None, :], dtype)
+
+
+def has_padding(mask) -> bool:
+    """Whether a 1/0 `attention_mask` hides any token. A mask of ones needs no masking at all: attention then runs
+    without a mask, bit for bit what it gives without `attention_mask`. (Always True while tracing, where the
+    graph must not depend on the mask's values.)"""
+    return mask is not None and (is_tracing() or not mask.all())
+
+
+def sequence_ids(position_ids):
+    """Which sequence each token belongs to, (B, T), for sequences laid end to end in one row and told apart only by
+    their `position_ids` restarting: transformers' padding-free format (`DataCollatorWithFlattening`, no
+    attention_mask), which its causal masks honour the same way (`find_packed_sequence_indices`). A token starts a
+    new sequence wherever its position is not its predecessor's plus one. None when no row restarts (always a tensor
+    while tracing, where the graph must not branch on values).
+
+    position_ids: (B, T). E.g. [[0, 1, 2, 0, 1]] -> [[0, 0, 0, 1, 1]]."""
+    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)  # (B, T): the first token continues
+    ids = (position_ids != previous + 1).cumsum(-1)  # (B, T)
+    if not is_tracing() and not ids[:, -1].any():
+        return None
+    return ids
+
+
+# ---- checks, before anything runs (validation.check_inputs) -------------------------------------------------------
+
+
+def check_mask_shape(name, mask, shape, past_length, cache, ids_name):
+    """A 2-D padding mask has one 1/0 per token (of the cache too, when decoding). A 4-D mask, as transformers'
+    mask utilities and `generate` with a static cache build it, is (batch or 1, 1, length or 1, keys) and is used
+    as given: True/1 (or an additive 0) where a query may attend, False/0 (or a large negative number) where not."""
+    if mask is None:
+        return
+    if mask.is_complex():
+        raise ValueError(f"{name} must be bool, integer or float, got {mask.dtype}: pass the tokenizer's mask.")
+    if mask.dim() == 4:
+        key_length = cache.get_mask_sizes(shape[1], 0)[0] if cache is not None else shape[1]
+        if (mask.shape[0] not in (1, shape[0]) or mask.shape[1] != 1 or mask.shape[2] not in (1, shape[1])
+                or mask.shape[3] != key_length):
+            raise ValueError(
+                f"A 4-D {name} must be (batch, 1, query length, key length) = ({shape[0]}, 1, {shape[1]}, "
+                f"{key_length}) (batch and query length may be 1, to broadcast), got {tuple(mask.shape)}."
+            )
+        return
+    with_cache = (shape[0], past_length + shape[1])
+    if tuple(mask.shape) not in (shape, with_cache):
+        expected = with_cache if past_length else shape
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but should be {expected}, one 1/0 per token of {ids_name} "
+            f"{shape}{' and of the cache' if past_length else ''}: pass the tokenizer's attention_mask (or a 4-D "
+            f"mask of shape (batch, 1, query length, key length))."
+        )
+
+
+def check_mask_values(name, mask):
+    """Padding masks are 1 (token) / 0 (padding); any other value would be read differently by the padded and
+    packed paths. A float 4-D mask is additive and taken as given."""
+    if mask is None or mask.dtype == torch.bool or (mask.dim() == 4 and mask.is_floating_point()):
+        return
+    if mask.is_floating_point():
+        valid = bool(((mask == 0) | (mask == 1)).all())
+    else:  # integers hold nothing but 1 and 0 when their extremes do: one reduction
+        low, high = (int(x) for x in torch.aminmax(mask))
+        valid = low >= 0 and high <= 1
+    if not valid:
+        invalid = (mask != 0) & (mask != 1)
+        raise ValueError(
+            f"{name} must hold 1 (token) or 0 (padding), got {mask[invalid][0].item()}: pass the tokenizer's "
+            f"attention_mask (an additive mask must be 4-D: (batch, 1, query length, key length))."
+        )
+
+
+__all__ = ["additive_mask", "check_mask_shape", "check_mask_values", "cross_attention_mask", "has_padding",
+           "self_attention_mask", "sequence_ids"]
