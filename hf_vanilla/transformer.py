@@ -381,25 +381,8 @@ class VanillaStack(nn.Module):
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
                      encoder_attention_mask=encoder_attention_mask,
                      dtype=self.embeddings.word_embeddings.weight.dtype)
-        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        # Sequences packed end to end without a mask, told apart by their positions restarting (packing.py).
-        sequences = (sequence_ids(position_ids.expand(B, T)) if self.is_decoder and position_ids is not None
-                     and attention_mask is None and isinstance(past_length, int) and past_length == 0 else None)
-        position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
-        token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
-        packed = None if self.is_decoder or not can_pack(attention_mask, output_attentions) else PackedBatch(attention_mask)
-        if packed is not None:  # (B, T) -> (N,): the real tokens alone
-            input_ids, position_ids, token_type_ids, inputs_embeds = map(
-                packed.pack, (input_ids, position_ids, token_type_ids, inputs_embeds))
-        hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E) or (N, E)
-        if packed is None:
-            mask = self._mask(attention_mask, T, past_length, cache, hidden_states, sequences)
-            if inputs_embeds is not None and has_padding(attention_mask) and attention_mask.dim() == 2:
-                # Padding keys get zero weight, but 0 * NaN is NaN: a NaN (or inf) the caller left at padding would
-                # spread. Only those are cleared: a padding position keeps a finite embedding, and computes what it
-                # computes from input_ids (`generate` reads the last position even where it is padding).
-                hidden_states = hidden_states.masked_fill(
-                    ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
+        hidden_states, mask, packed = self._prepare(input_ids, attention_mask, token_type_ids, position_ids,
+                                                    inputs_embeds, past_length, cache, output_attentions)
         cross_mask = cross_attention_mask(encoder_attention_mask, hidden_states.dtype)  # (B, 1, 1, S)
 
         # The N layers (section 3.1): each reads the previous one's output.
@@ -411,7 +394,7 @@ class VanillaStack(nn.Module):
                     **cache_field(past_key_values))
                 all_cross.append(cross_weights)
             else:
-                hidden_states, self_weights = layer(hidden_states, None if packed else mask,
+                hidden_states, self_weights = layer(hidden_states, mask,
                                                     seq_lens=packed.seq_lens if packed else None,
                                                     output_attentions=output_attentions)
             all_hidden_states.append(hidden_states)
@@ -430,6 +413,34 @@ class VanillaStack(nn.Module):
             cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
         )
 
+    def _prepare(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_length, cache,
+                 output_attentions):
+        """The first layer's input and what attention needs: (hidden states (B, T, E), or (N, E) packed; the padded
+        path's additive self-attention mask, or None; the packed batch, or None)."""
+        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        # Sequences packed end to end without a mask, told apart by their positions restarting (masks.py).
+        sequences = (sequence_ids(position_ids.expand(B, T)) if self.is_decoder and position_ids is not None
+                     and attention_mask is None and isinstance(past_length, int) and past_length == 0 else None)
+        position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
+        token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
+        packed = None if self.is_decoder or not can_pack(attention_mask, output_attentions) else PackedBatch(attention_mask)
+        if packed is not None:  # (B, T) -> (N,): the real tokens alone
+            input_ids, position_ids, token_type_ids, inputs_embeds = map(
+                packed.pack, (input_ids, position_ids, token_type_ids, inputs_embeds))
+        hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E) or (N, E)
+        if packed is not None:
+            return hidden_states, None, packed
+        key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
+        mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder, hidden_states.dtype,
+                                   hidden_states.device, sequences)
+        if inputs_embeds is not None and has_padding(attention_mask) and attention_mask.dim() == 2:
+            # Padding keys get zero weight, but 0 * NaN is NaN: a NaN (or inf) the caller left at padding would
+            # spread. Only those are cleared: a padding position keeps a finite embedding, and computes what it
+            # computes from input_ids (`generate` reads the last position even where it is padding).
+            hidden_states = hidden_states.masked_fill(
+                ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
+        return hidden_states, mask, packed
+
     def _positions(self, position_ids, past_length, B, T, inputs):
         """Each token's row in the position table, (B, T). Without `position_ids`, tokens count from the cache's
         length (the table's `position_offset` first). A causal stack takes `position_ids` counted from 0, as
@@ -444,9 +455,3 @@ class VanillaStack(nn.Module):
         elif self.is_decoder and offset:
             position_ids = position_ids + offset
         return position_ids.expand(B, T)  # (T,) or (1, T), shared by every row -> (B, T)
-
-    def _mask(self, attention_mask, T, past_length, cache, hidden_states, sequences):
-        """The padded path's additive self-attention mask (causal in the decoder), sized for the cache's keys."""
-        key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T
-        return self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder,
-                                   hidden_states.dtype, hidden_states.device, sequences)
