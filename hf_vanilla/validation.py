@@ -25,7 +25,8 @@ ID_DTYPES = (torch.int64, torch.int32)
 
 def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask,
                  past_length=0, cache=None, encoder_hidden_states=None, encoder_attention_mask=None, dtype=None):
-    """Refuse bad input to a stack with a message naming the problem and the fix.
+    """Refuse bad input to a stack with a message naming the problem and the fix, before anything runs: which
+    input is given, the shapes, then (outside tracing, where values cannot be read) the values.
 
     `past_length` counts the tokens already in the key/value `cache`, whose size also sets how many keys a 4-D
     mask must cover (past + new tokens, or a static cache's full length). `dtype`: the stack's weights', which
@@ -41,6 +42,22 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         if tensor is not None and tensor.is_meta:
             raise ValueError(f"{name} is on the meta device, which holds shapes but no values: pass a tensor "
                              f"with its values (e.g. on the model's device, {name}.to(model.device) from real data).")
+    shape = _tokens_shape(config, ids_name, input_ids, embeds_name, inputs_embeds, dtype)
+    check_mask_shape(mask_name, attention_mask, shape, past_length, cache, ids_name)
+    for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        _check_per_token_ids(name, ids, ids_name, shape)
+    if encoder_hidden_states is not None:
+        _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask, ids_name, shape)
+    if is_tracing():
+        return
+    check_mask_values(mask_name, attention_mask)
+    check_mask_values("attention_mask", encoder_attention_mask)
+    _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, position_ids, past_length + shape[1])
+
+
+def _tokens_shape(config, ids_name, input_ids, embeds_name, inputs_embeds, dtype) -> tuple[int, int]:
+    """(batch, length) of the ids or embeddings given, once they are (B, T) integers or (B, T, embedding_size)
+    vectors of the weights' dtype, and not empty."""
     if input_ids is not None:
         _check_integer(ids_name, input_ids)
         if input_ids.dim() != 2:
@@ -60,39 +77,47 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         shape = tuple(inputs_embeds.shape[:2])
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"Got an empty batch of shape {shape}: pass at least one sequence of one token.")
-    check_mask_shape(mask_name, attention_mask, shape, past_length, cache, ids_name)
-    for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-        if ids is None:
-            continue
-        _check_integer(name, ids)
-        rows = 1 if ids.dim() == 1 else ids.shape[0]
-        if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (shape[0], 1):
-            raise ValueError(
-                f"{name} has shape {tuple(ids.shape)} but {ids_name} has shape {shape}: pass one id per token, "
-                f"as {shape} (or (1, {shape[1]}) shared by every row)."
-            )
-    if encoder_hidden_states is not None:
-        source_shape = tuple(encoder_hidden_states.shape[:2])
-        if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"The encoder output has shape {tuple(encoder_hidden_states.shape)} but the decoder reads (batch, "
-                f"source length, hidden_size={config.hidden_size}): pass encoder_outputs from this model's own "
-                f"encoder (model.get_encoder()(input_ids, attention_mask))."
-            )
-        if source_shape[0] != shape[0]:
-            raise ValueError(
-                f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
-                f"row per source row."
-            )
-        if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != source_shape:
-            raise ValueError(
-                f"attention_mask has shape {tuple(encoder_attention_mask.shape)} but the encoder output covers "
-                f"{source_shape} source tokens: pass the attention_mask that came with the source input_ids."
-            )
-    if is_tracing():
+    return shape
+
+
+def _check_per_token_ids(name, ids, ids_name, shape) -> None:
+    """Segment or position ids: integers, one per token, (B, T) or (T,) / (1, T) shared by every row."""
+    if ids is None:
         return
-    check_mask_values(mask_name, attention_mask)
-    check_mask_values("attention_mask", encoder_attention_mask)
+    _check_integer(name, ids)
+    rows = 1 if ids.dim() == 1 else ids.shape[0]
+    if ids.dim() not in (1, 2) or ids.shape[-1] != shape[1] or rows not in (shape[0], 1):
+        raise ValueError(
+            f"{name} has shape {tuple(ids.shape)} but {ids_name} has shape {shape}: pass one id per token, "
+            f"as {shape} (or (1, {shape[1]}) shared by every row)."
+        )
+
+
+def _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask, ids_name, shape) -> None:
+    """What cross-attention reads: (B, S, hidden_size) from this model's encoder, one row per target row, and the
+    source mask that came with it."""
+    source_shape = tuple(encoder_hidden_states.shape[:2])
+    if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[-1] != config.hidden_size:
+        raise ValueError(
+            f"The encoder output has shape {tuple(encoder_hidden_states.shape)} but the decoder reads (batch, "
+            f"source length, hidden_size={config.hidden_size}): pass encoder_outputs from this model's own "
+            f"encoder (model.get_encoder()(input_ids, attention_mask))."
+        )
+    if source_shape[0] != shape[0]:
+        raise ValueError(
+            f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
+            f"row per source row."
+        )
+    if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != source_shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(encoder_attention_mask.shape)} but the encoder output covers "
+            f"{source_shape} source tokens: pass the attention_mask that came with the source input_ids."
+        )
+
+
+def _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, position_ids, total_length) -> None:
+    """Token, segment and position ids inside their tables, and a sequence (`total_length`: cache included) the
+    position table covers."""
     _check_range(ids_name, input_ids, config.vocab_size, "vocab_size",
                  "use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
     if config.type_vocab_size > 0:
@@ -101,11 +126,11 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
     elif token_type_ids is not None and not is_decoder and token_type_ids.any():
         raise ValueError("This model has no token types (type_vocab_size=0); drop token_type_ids.")
     max_length = config.max_position_embeddings - config.position_offset
-    if position_ids is None and past_length + shape[1] > max_length:
+    if position_ids is None and total_length > max_length:
         what = "decoder sequence (cache included)" if is_decoder else "sequence"
         fix = "; when generating, lower max_new_tokens" if is_decoder else ""
         raise ValueError(
-            f"The {what} has {past_length + shape[1]} tokens but the position table allows at most {max_length} "
+            f"The {what} has {total_length} tokens but the position table allows at most {max_length} "
             f"(max_position_embeddings={config.max_position_embeddings}, position_offset="
             f"{config.position_offset}): truncate the input, e.g. tokenizer(..., truncation=True, "
             f"max_length={max_length}){fix}."
