@@ -1,8 +1,9 @@
-"""What examples/embed_corpus.py's engines share, so that they write one folder from one plan: reading the
+"""What the two engines of examples/embed_corpus.py share, so that they write one folder from one plan: reading the
 corpus, the model's pooling settings and one batch's embeddings (`Embedder`), the plan (sentences sorted by token
 count, cut into shards), and the output folder (its lock, the manifest that keys a resume, atomic shard files, the
 index). An engine only decides who embeds which pending shard and who writes it: every process of a torchrun
-launch its own share (embed_corpus.py). The plan does not depend on the number of processes.
+launch its own share (embed_corpus.py), or a Ray actor pool with the driver writing (_embed_ray.py). The plan does
+not depend on the engine or the number of processes, so `load_embeddings` reads either engine's folder the same way.
 """
 
 import contextlib
@@ -198,7 +199,7 @@ class Embedder:
     out, pooled and normalised as `settings` say."""
 
     def __init__(self, folder: Path, settings: Settings, device):
-        import hf_vanilla  # noqa: F401  (registers the vanilla models with AutoModel)
+        import hf_vanilla  # noqa: F401  (registers the vanilla models, also in a Ray worker, which gets this by value)
 
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModel.from_pretrained(folder, dtype=DTYPES[settings.dtype]).to(device).eval()
