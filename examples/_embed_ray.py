@@ -159,12 +159,13 @@ def embed(args, plan: _corpus.Plan, folder: Path, output: Path):
               f"worker(s) x {pool.threads} thread(s){' and a GPU' if pool.gpu else ''} (Ray at {pool.address}, "
               f"{pool.nodes} node(s)); {plan.settings.describe()}", flush=True)
         start = time.perf_counter()
-        if pending:
-            write_as_they_come(embeddings(args, plan, folder, pool, pending), plan, pending, output)
+        first = write_as_they_come(embeddings(args, plan, folder, pool, pending), plan, pending, output) if pending \
+            else start
         elapsed = time.perf_counter() - start
         _corpus.write_index(output, plan)
         _corpus.report(output, plan, pending, elapsed, f"{pool.workers} Ray worker(s) x {pool.threads} thread(s) "
-                       f"on {pool.nodes} node(s), the workers' start (loading the model) included")
+                       f"on {pool.nodes} node(s), the workers' start (loading the model) included: the first rows "
+                       f"came back after {first - start:.1f} s")
 
 
 def embeddings(args, plan: _corpus.Plan, folder: Path, pool: Pool, pending: list[int]):
@@ -195,11 +196,13 @@ def embeddings(args, plan: _corpus.Plan, folder: Path, pool: Pool, pending: list
                                    kill_marker=marker and str(Path(marker).resolve())))
 
 
-def write_as_they_come(dataset, plan: _corpus.Plan, pending: list[int], output: Path):
-    """Write each shard, atomically, as soon as all its rows are back."""
+def write_as_they_come(dataset, plan: _corpus.Plan, pending: list[int], output: Path) -> float:
+    """Write each shard, atomically, as soon as all its rows are back. Returns when (time.perf_counter) the first
+    rows came back."""
     assembling = {index: ShardRows(index, plan.lines(index)) for index in pending}
-    kill_after, written = _corpus.kill_after_shards(), 0
+    kill_after, written, first = _corpus.kill_after_shards(), 0, None
     for batch in worker_errors_as_ours(dataset.iter_batches(batch_size=None, batch_format="numpy")):
+        first = first or time.perf_counter()
         for index in numpy.unique(batch["shard"]).tolist():
             take = batch["shard"] == index
             if index not in assembling:
@@ -212,6 +215,7 @@ def write_as_they_come(dataset, plan: _corpus.Plan, pending: list[int], output: 
     if assembling:
         raise RuntimeError(f"Ray Data ended without every row of shards {sorted(assembling)}; nothing of them was "
                            f"written: run the same command again to embed them")
+    return first
 
 
 def worker_errors_as_ours(batches):
