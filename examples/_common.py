@@ -35,6 +35,8 @@ EXTRAS = {
     "onnx": ("onnx", "onnx"),
     "onnxruntime": ("onnxruntime", "onnx"),
     "onnxscript": ("onnxscript", "onnx"),
+    "ray": ("ray[data]", "ray"),
+    "pyarrow": ("pyarrow", "ray"),  # embed_corpus.py's Parquet and JSON lines input; ray[data] installs it
 }
 
 
