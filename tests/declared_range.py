@@ -25,10 +25,22 @@ except ModuleNotFoundError:  # Python 3.10: pytest brings tomli there
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def dependencies() -> list[Requirement]:
-    """hf_vanilla's requirements, as pyproject.toml declares them."""
+def dependencies(extra: str | None = None) -> list[Requirement]:
+    """hf_vanilla's requirements, as pyproject.toml declares them; with `extra`, also those of that extra and of the
+    extras it names (`hf_vanilla[examples,onnx]`)."""
     with open(ROOT / "pyproject.toml", "rb") as file:
-        return [Requirement(text) for text in tomllib.load(file)["project"]["dependencies"]]
+        project = tomllib.load(file)["project"]
+    found = [Requirement(text) for text in project["dependencies"]]
+    pending, seen = [extra] if extra else [], set()
+    while pending:
+        name = pending.pop()
+        seen.add(name)
+        for requirement in map(Requirement, project["optional-dependencies"][name]):
+            if requirement.name == project["name"]:
+                pending.extend(requirement.extras - seen)
+            else:
+                found.append(requirement)
+    return found
 
 
 def lower_bound(name: str, written: str) -> str:

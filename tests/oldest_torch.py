@@ -13,8 +13,8 @@ range is the tested one. How X was found, release by release: docs/torch_version
     python tests/oldest_torch.py --torch 2.7.1         # another release (to find the lowest that passes)
     python tests/oldest_torch.py -- -x                 # pytest arguments after -- (each selection gets them)
 
-The environment is made in a temporary folder and removed afterwards, and installed as README's second Quickstart
-command installs it: `torch==X` first, then this clone (editable) with its `test` extra, so transformers and the
+The environment is made in a temporary folder and removed afterwards: this clone (editable), then its requirements
+and its `test` extra's with torch pinned (to any release, in the declared range or not), so transformers and the
 rest are the newest that pip resolves beside that torch. From PyPI on Linux x86-64 torch is the CUDA build (about
 5 GB installed; a minute or two here). Exit status 1 if a test fails, or if a selection runs no test.
 """
@@ -22,7 +22,7 @@ rest are the newest that pip resolves beside that torch. From PyPI on Linux x86-
 import argparse
 import sys
 
-from declared_range import ROOT, lower_bound, run_in_new_environment
+from declared_range import ROOT, dependencies, lower_bound, run_in_new_environment
 
 # One pytest run each: pytest selects by marker or by file, not by the union of the two.
 SELECTIONS = [["-m", "generation or parity"],
@@ -42,7 +42,10 @@ def main(argv=None) -> int:
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     version = args.torch or oldest_allowed()
-    installs = [[f"torch=={version}"], ["-e", f"{ROOT}[test]"]]
+    # hf_vanilla without its requirements, then those and the test extra's with torch pinned: pip would refuse (or
+    # upgrade) a release below the declared bound, and trying one is how a new bound is found.
+    others = [str(requirement) for requirement in dependencies("test") if requirement.name != "torch"]
+    installs = [["--no-deps", "-e", ROOT], [f"torch=={version}", *others]]
     return run_in_new_environment(f"torch {version}", installs, SELECTIONS, pytest_args)
 
 
