@@ -9,6 +9,7 @@ removes it. A run fails if a test fails, or if a selection runs no test.
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import venv
@@ -50,6 +51,14 @@ def lower_bound(name: str, written: str) -> str:
         if requirement.name == name and len(floors) == 1:
             return floors[0]
     raise SystemExit(f"error: pyproject.toml gives {name} no lower bound: write it as {written}")
+
+
+def parse_arguments(parser, argv=None):
+    """(the script's own arguments, the pytest arguments after `--`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        return parser.parse_args(argv), []
+    return parser.parse_args(argv[:argv.index("--")]), argv[argv.index("--") + 1:]
 
 
 def check(command: list, **kwargs) -> None:

@@ -22,7 +22,7 @@ rest are the newest that pip resolves beside that torch. From PyPI on Linux x86-
 import argparse
 import sys
 
-from declared_range import ROOT, dependencies, lower_bound, run_in_new_environment
+from declared_range import ROOT, dependencies, lower_bound, parse_arguments, run_in_new_environment
 
 # One pytest run each: pytest selects by marker or by file, not by the union of the two.
 SELECTIONS = [["-m", "generation or parity"],
@@ -38,9 +38,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch", metavar="VERSION", default=None,
                         help="the torch release to test (default: the lower bound in pyproject.toml)")
-    argv = sys.argv[1:] if argv is None else argv
-    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args, pytest_args = parse_arguments(parser, argv)
     version = args.torch or oldest_allowed()
     # hf_vanilla without its requirements, then those and the test extra's with torch pinned: pip would refuse (or
     # upgrade) a release below the declared bound, and trying one is how a new bound is found.

@@ -19,7 +19,7 @@ import argparse
 import sys
 from importlib import metadata
 
-from declared_range import ROOT, dependencies, lower_bound, run_in_new_environment
+from declared_range import ROOT, dependencies, lower_bound, parse_arguments, run_in_new_environment
 from packaging.version import Version
 
 MARKERS = "generation or parity"
@@ -38,9 +38,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transformers", metavar="VERSION", default=None,
                         help="the transformers version to test (default: the lower bound in pyproject.toml)")
-    argv = sys.argv[1:] if argv is None else argv
-    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args, pytest_args = parse_arguments(parser, argv)
     version = args.transformers or oldest_allowed()
     torch = f"torch=={Version(metadata.version('torch')).public}"  # 2.13.0+cpu -> torch==2.13.0, as README writes it
     # hf_vanilla without its requirements, then those with transformers pinned: pip would refuse a version below
