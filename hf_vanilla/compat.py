@@ -1,6 +1,6 @@
-"""The one place that knows how transformers versions differ (pyproject.toml declares the supported range; CI
-tests its two ends), and the one place that names transformers' private attributes. Nothing else in the package
-reads a version or a private name of transformers', so that a release that moves one breaks here, visibly.
+"""The one place that knows how transformers and torch versions differ (pyproject.toml declares the supported
+ranges; CI tests their ends), and the one place that names transformers' private attributes. Nothing else in the
+package reads a version or a private name of transformers', so that a release that moves one breaks here, visibly.
 
 transformers 5.24 renamed the generation cache from `past_key_values` to `cache`: `generate` passes `cache=` to
 `forward`, reads the next step's cache back from `outputs["cache"]`, and the output classes
@@ -12,6 +12,7 @@ the way the installed transformers reads it. The same name is the keyword transf
 wrapper (`GradientCheckpointingLayer`) drops from a layer's call, so the decoder layers take the cache under it.
 """
 
+import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 # The name of the cache field on transformers' output classes, and so the one `generate` reads back.
@@ -30,6 +31,17 @@ def one_cache(cache, past_key_values):
 def cache_field(cache) -> dict:
     """`{field name: cache}` to build an output class with, under the name the installed transformers reads."""
     return {CACHE_FIELD: cache}
+
+
+# Above any real batch or sequence length. torch.export before torch 2.8 turns a slice over a dynamic axis
+# (`hidden[:, 0]`, `mask[:, None, None, :]`) into the guard `size != 2**63 - 1`, which an axis with no upper bound
+# cannot promise: the export fails with "Constraints violated (batch, sequence)". Under this bound the guard holds.
+LARGEST_EXPORTED_SIZE = 2**31 - 1
+
+
+def export_axis(name: str, min: int | None = None):
+    """A dynamic axis for torch.export (`torch.export.Dim`), bounded so that every supported torch exports it."""
+    return torch.export.Dim(name, min=min, max=LARGEST_EXPORTED_SIZE)
 
 
 # ---- transformers' private names, each with why no public one serves ------------------------------------------
@@ -53,4 +65,5 @@ CONFIG_STORED_PER_CALL = ("_output_attentions", "_attn_implementation_internal",
                           "_name_or_path")
 
 
-__all__ = ["CACHE_FIELD", "CONFIG_STORED_PER_CALL", "cache_field", "one_cache", "resized_embeddings"]
+__all__ = ["CACHE_FIELD", "CONFIG_STORED_PER_CALL", "LARGEST_EXPORTED_SIZE", "cache_field", "export_axis",
+           "one_cache", "resized_embeddings"]

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .compat import CACHE_FIELD
+from .compat import CACHE_FIELD, export_axis
 
 # ---- graph signatures -------------------------------------------------------------------------------------------
 
@@ -126,7 +126,7 @@ def _quiet_exporter():
 
 
 def _export_encoder_program(model, input_names: list[str], output_names: tuple[str, ...], optimize: bool):
-    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    batch, sequence = export_axis("batch"), export_axis("sequence")
     with _quiet_exporter():
         return torch.onnx.export(
             EncoderGraph(model, output_names).eval(), (), kwargs=example_inputs(model.config, input_names),
@@ -170,8 +170,8 @@ def export_decoder_step(model, path: Path) -> None:
     config = model.config
     heads, width = config.decoder_attention_heads, config.hidden_size
     layers = config.decoder_layers
-    batch, source = torch.export.Dim("batch"), torch.export.Dim("encoder_sequence")
-    past = torch.export.Dim("past_sequence", min=0)  # 0 on the first step
+    batch, source = export_axis("batch"), export_axis("encoder_sequence")
+    past = export_axis("past_sequence", min=0)  # 0 on the first step
     B, S, P = 2, 7, 3  # example sizes: distinct, and above 1 so that none is specialised to a constant
     example = (
         torch.full((B, 1), config.decoder_start_token_id),

@@ -110,7 +110,8 @@ class VanillaPreTrainedModel(PreTrainedModel):
         field, the body's field of that name (hidden states, attentions, the cache, the encoder's states); as a
         tuple where the caller (or the config) asks for one."""
         carried = {name: getattr(body_output, name, None) for name in output_class.__dataclass_fields__}
-        output = output_class(**(carried | head_fields))
+        # {**a, **b}, not a | b: torch.compile and torch.export before torch 2.8 cannot trace the union of two dicts.
+        output = output_class(**{**carried, **head_fields})
         return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
     def _causal_lm_loss(self, logits, labels, shift_labels=None):
