@@ -3,7 +3,8 @@ allows, in a virtual environment of their own.
 
 What torch changes from release to release is what these tests touch: tracing (torch.compile, torch.export, and
 the ONNX exporter built on it: tests/test_export.py, tests/test_onnx.py), the ONNX Runtime engine, which exports the
-model when it attaches (tests/test_runtime_onnx.py), and the tests marked `generation` or `parity` (`generate()`
+model when it attaches (tests/test_runtime_onnx.py), every execution path's battery (tests/test_conformance.py:
+torch.compile, int8's quantized kernels, pickling), and the tests marked `generation` or `parity` (`generate()`
 with static caches and compilation, the attention backends, transformers' own models and model tests on that torch).
 The main test run checks every test on the torch README installs, the newest release when it was last raised; this
 script checks these at the other end of the range that pyproject.toml declares (`torch>=X`), so that the declared
@@ -26,7 +27,7 @@ from declared_range import ROOT, dependencies, lower_bound, parse_arguments, run
 
 # One pytest run each: pytest selects by marker or by file, not by the union of the two.
 SELECTIONS = [["-m", "generation or parity"],
-              ["tests/test_export.py", "tests/test_onnx.py", "tests/test_runtime_onnx.py"]]
+              ["tests/test_export.py", "tests/test_onnx.py", "tests/test_runtime_onnx.py", "tests/test_conformance.py"]]
 
 
 def oldest_allowed() -> str:
