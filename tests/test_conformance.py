@@ -210,12 +210,13 @@ def _vector_to_parameters(model, names):
 
 def _replace_module(model, names):
     module = getattr(model, "_orig_mod", model)
-    torch.manual_seed(1)
-    dense = nn.Linear(CONFIG["hidden_size"], CONFIG["hidden_size"]).to(module.pooler.weight.dtype)
-    module.pooler = dense
-    norm = nn.LayerNorm(CONFIG["hidden_size"], eps=1e-12).to(dense.weight.dtype)
-    nn.init.normal_(norm.weight, 1.0, 0.1)
-    module.encoder.layers[-1].ffn_norm = norm
+    dtype = module.pooler.weight.dtype
+    torch.manual_seed(1)  # the new modules' values drawn in float32, then cast: the same in every model
+    dense = nn.Linear(CONFIG["hidden_size"], CONFIG["hidden_size"])
+    norm = nn.LayerNorm(CONFIG["hidden_size"], eps=1e-12)
+    nn.init.normal_(norm.weight, 1.0, 0.1)  # (torch 2.7 draws other numbers for a bfloat16 tensor than for float32)
+    module.pooler = dense.to(dtype)
+    module.encoder.layers[-1].ffn_norm = norm.to(dtype)
 
 
 EDITS = {
