@@ -86,11 +86,11 @@ def forget_decisions() -> None:
     CHOICE.forget()
 
 
-def onednn_linear(x, weight, bias):
+def _onednn_linear(x, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def rows_key(x, weight) -> tuple:
+def _key(x, weight) -> tuple:
     """What a projection's measured choice is made per: (in_features, out_features, rows rounded up to a power of
     two and capped at MAX_ROWS_BUCKET, torch's thread count)."""
     out_features, in_features = weight.shape
@@ -107,7 +107,7 @@ def _measure(key, x, weight, bias, layer):
     if not turn:
         return nn.functional.linear(x, weight, bias)
     if CHOICE.turn(key, turn) == "onednn":
-        CHOICE.time(key, "onednn", onednn_linear, x, weight, bias)
+        CHOICE.time(key, "onednn", _onednn_linear, x, weight, bias)
         return nn.functional.linear(x, weight, bias)
     return CHOICE.time(key, "blas", nn.functional.linear, x, weight, bias)
 
@@ -147,15 +147,14 @@ class VanillaLinear(nn.Linear):
             and not torch.are_deterministic_algorithms_enabled()
         ):
             if POLICY == "onednn":
-                return onednn_linear(x, weight, bias)
-            key = rows_key(x, weight)
+                return _onednn_linear(x, weight, bias)
+            key = _key(x, weight)
             onednn = CHOICE.decision(key)
             if onednn is None:
                 return _measure(key, x, weight, bias, self)
             if onednn:
-                return onednn_linear(x, weight, bias)
+                return _onednn_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed", "onednn_linear",
-           "rows_key"]
+__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed"]

@@ -116,8 +116,8 @@ class MeasuredChoice:
 
 
 def owner_turn(owner) -> int:
-    """How many timed calls `owner` (a layer) made before this one, counting this one. A layer's first call (0) is
-    not timed: its weight's first read after loading page-faults, and oneDNN builds its primitive then; later calls
+    """How many calls of `owner` (a layer) took part in a measurement before this one (and count this one). Its
+    first call (0) is not timed: its weight's first read after loading page-faults, and oneDNN builds its primitive then; later calls
     alternate between the candidates, so that each is timed at every place in the model (inside a model the other
     layers' weights pass through the cache between two calls of one layer, as they will when the choice runs).
     Kept beside the layer, not on it: an attribute that changes on every call would change the module to whatever

@@ -2,10 +2,10 @@
 
     from hf_vanilla.precision import bf16_is_fast, quantize_int8
 
-    if bf16_is_fast():                 # bf16 products in hardware, and measured faster here (or a CUDA GPU with bf16)
+    if bf16_is_fast():                 # AMX, or AVX-512 BF16 on AMD (or a CUDA GPU with bf16)
         model = model.to(torch.bfloat16)
     else:
-        model = quantize_int8(model)   # int8 projections where measured faster, on any x86 CPU (inference only)
+        model = quantize_int8(model)   # int8 projections, on any x86 CPU (inference only)
 
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
 A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every bf16 block to float32 and
@@ -122,7 +122,7 @@ class Int8Linear(nn.Module):
         self._quantize(linear.weight.detach())
 
     def _quantize(self, weight: torch.Tensor) -> None:
-        """Make `weight` (out_features, in_features) this layer's int8 weight, and the float32 fallback from it."""
+        """Make `weight` (out_features, in_features) this layer's int8 weight, in fbgemm's packed form."""
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ValueError(f"quantize_int8 quantizes float32 weights on the CPU; got {weight.dtype} on "
                              f"{weight.device}: call model.float().cpu() first.")

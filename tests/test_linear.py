@@ -206,7 +206,7 @@ def test_measured_choice_keeps_the_faster_kernel(faster, monkeypatch, scripted_c
     monkeypatch.setattr(kernels, "POLICY", "measure")  # the default, whatever HF_VANILLA_LINEAR_KERNEL says
     fast, slow = 1e-3, 11e-3
     monkeypatch.setattr(F, "linear", scripted_clock.costing(F.linear, fast if faster == "F.linear" else slow))
-    monkeypatch.setattr(kernels, "onednn_linear", scripted_clock.costing(kernels.onednn_linear,
+    monkeypatch.setattr(kernels, "_onednn_linear", scripted_clock.costing(kernels._onednn_linear,
                                                                          fast if faster == "oneDNN" else slow))
     linear, x = layer(), torch.randn(12, 768)
     key = (768, 3072, 16, torch.get_num_threads())
