@@ -53,8 +53,9 @@ class Path:
 
 def _runtime(choice):
     def make(model):
-        from hf_vanilla.runtimes.onnxruntime import engine, use_onnx_runtime
-        engine.CHOICE = choice  # restored by the `path` fixture
+        from hf_vanilla.runtimes import choice as runtime_choice
+        from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
+        runtime_choice.CHOICE = choice  # restored by the `path` fixture
         return use_onnx_runtime(model, cache_dir=_GRAPHS[0])
     return make
 
@@ -84,10 +85,10 @@ def plain():
 
 @pytest.fixture(params=PATHS, ids=lambda path: path.name)
 def path(request, tmp_path_factory, monkeypatch):
-    from hf_vanilla.runtimes.onnxruntime import engine
+    from hf_vanilla.runtimes import choice
     if not _GRAPHS:
         _GRAPHS.append(tmp_path_factory.mktemp("graphs"))
-    monkeypatch.setattr(engine, "CHOICE", engine.CHOICE)
+    monkeypatch.setattr(choice, "CHOICE", choice.CHOICE)
     torch._dynamo.reset()
     return request.param
 

@@ -57,8 +57,9 @@ from transformers import (  # noqa: E402
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
 from hf_vanilla import runtime_registry  # noqa: E402
 from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
-from hf_vanilla.runtimes.onnxruntime import batches, engine  # noqa: E402
-from hf_vanilla.runtimes.onnxruntime import cache as graph_cache  # noqa: E402
+from hf_vanilla.runtimes import batches, choice  # noqa: E402
+from hf_vanilla.runtimes import cache as graph_cache  # noqa: E402
+from hf_vanilla.runtimes.onnxruntime import engine  # noqa: E402
 from hf_vanilla.runtimes.onnxruntime import (  # noqa: E402
     length_groups,
     remove_onnx_runtime,
@@ -108,7 +109,7 @@ _EXPORTED = {}
 def engine_answers(monkeypatch):
     """Every call ONNX Runtime can answer goes to it: what these tests test is the engine. (By default each request
     size runs whichever of ONNX Runtime and PyTorch measured faster: test_each_request_size_runs_the_faster_engine.)"""
-    monkeypatch.setattr(engine, "CHOICE", "engine")
+    monkeypatch.setattr(choice, "CHOICE", "engine")
 
 
 @pytest.fixture
@@ -591,7 +592,7 @@ def _race(runner, faster, clock):
 def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster, scripted_clock):
     """By default the first calls of a request size are answered by ONNX Runtime and PyTorch in turn, each timed,
     every answer PyTorch's within the rule; then the size runs the faster one only. Another size is measured apart."""
-    monkeypatch.setattr(engine, "CHOICE", "measure")
+    monkeypatch.setattr(choice, "CHOICE", "measure")
     _, _, eager, _ = base
     model = copy.deepcopy(eager)
     use_onnx_runtime(model, cache_dir=base[3])
@@ -601,10 +602,10 @@ def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster, scr
     calls = Calls(model)
     with torch.inference_mode():
         expected = eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
-        for _ in range(2 * (engine.CHOICE_CALLS + 1)):
+        for _ in range(2 * (choice.CHOICE_CALLS + 1)):
             assert not runner.choice.decisions()
             assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
-        assert calls.count == engine.CHOICE_CALLS + 1  # half the calls (these rows run as one group: one call each)
+        assert calls.count == choice.CHOICE_CALLS + 1  # half the calls (these rows run as one group: one call each)
         assert list(runner.choice.decisions().values()) == [faster == "ONNX Runtime"]
         before = calls.count
         assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
@@ -620,7 +621,7 @@ def test_pytorch_calls_that_calibrate_kernels_are_not_timed(base, monkeypatch, s
     measure's counter of timed calls; PyTorch is otherwise the faster (1 ms against 21): PyTorch must be chosen."""
     from hf_vanilla import measure
 
-    monkeypatch.setattr(engine, "CHOICE", "measure")
+    monkeypatch.setattr(choice, "CHOICE", "measure")
     _, _, eager, _ = base
     model = copy.deepcopy(eager)
     use_onnx_runtime(model, cache_dir=base[3])
@@ -641,7 +642,7 @@ def test_pytorch_calls_that_calibrate_kernels_are_not_timed(base, monkeypatch, s
         while not runner.choice.decisions():
             model(input_ids=input_ids, attention_mask=mask)
     assert list(runner.choice.decisions().values()) == [False]
-    assert len(pytorch_calls) == 3 + engine.CHOICE_CALLS + 1
+    assert len(pytorch_calls) == 3 + choice.CHOICE_CALLS + 1
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])

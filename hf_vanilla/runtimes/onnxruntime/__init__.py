@@ -9,20 +9,15 @@ Why: at small requests an eager PyTorch forward spends most of its time between 
 kernel launch per op); ONNX Runtime runs the same graph from C++ with fused kernels. Where that pays depends on the
 CPU: `benchmarks/engines.py` measures it, and docs/performance.md has the figures.
 
-The engine is a small package, a room per job:
-
-    engine.py     OnnxEncoder: attach (trace or find the graph, probe it), the call (ONNX Runtime or PyTorch, which
-                  answers a request size), pickling
-    watch.py      what the graph was traced from, and the check on every call that the model is still that
-    cache.py      graphs on disk: keys, checks, atomic writes, what may be removed
-    batches.py    the request read in numpy, its size key, padded rows grouped by length
+engine.py holds OnnxEncoder: attach (trace or find the graph, probe it), the call (ONNX Runtime or PyTorch, which
+answers a request size), pickling. What it shares with the other engines is one floor up, in hf_vanilla/runtimes/.
 """
 
 import torch
 from transformers import PreTrainedModel
 
-from .batches import length_groups
-from .cache import GraphCache
+from ..batches import length_groups
+from ..cache import GraphCache
 from .engine import OnnxEncoder
 
 def use_onnx_runtime(model, cache_dir=None, threads: int | None = None):

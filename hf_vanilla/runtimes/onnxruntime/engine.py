@@ -13,20 +13,15 @@ Anything else runs the module's own forward. The heads after the pooler and the 
 costs one engine call: PyTorch work right after ONNX Runtime's, on the same cores, waits for torch's threads to
 get them back (`encoder_units` has the measurement).
 
-Which engine answers. Where both can, the faster does, measured in the process per request size (rows and real
-tokens, each rounded up to a power of two, and the thread count): the first calls of a size are answered by ONNX
-Runtime and PyTorch in turn, both timed, and after `CHOICE_CALLS` timed calls of each (past each one's first) the
-size runs ONNX Runtime only if PyTorch took at least `CHOICE_MIN_GAIN` times as long. Fed the model's weights,
-ONNX Runtime is much faster than eager PyTorch on short requests and no faster, sometimes slower, on long or padded
-batches, where PyTorch skips the padding (docs/performance.md); the choice makes `runtime="onnxruntime"` the faster
-of the two at every size instead of a bet. Both give the same answer within the parity rule, so which one ran never
-shows in the output. `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call ONNX Runtime can answer to it.
+Which engine answers. Where both can, the faster does, measured in the process per request size
+(hf_vanilla/runtimes/choice.py). Fed the model's weights, ONNX Runtime is much faster than eager PyTorch on short
+requests and no faster, sometimes slower, on long or padded batches, where PyTorch skips the padding
+(docs/performance.md); the choice makes `runtime="onnxruntime"` the faster of the two at every size instead of a bet.
 """
 
 import copy
 import inspect
 import operator
-import os
 import warnings
 
 import numpy as np
@@ -37,22 +32,14 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
 )
 
-from ... import measure
 from ...export import example_inputs
 from ...kernels import is_tracing
-from .batches import feeds_for, run_grouped, size_key
-from .cache import GraphCache, cache_key, export_graph, written_key
-from .watch import Watch, class_code, difference, hooked, structure_of
+from .. import choice
+from ..batches import feeds_for, run_grouped
+from ..cache import GraphCache, cache_key, export_graph, written_key
+from ..watch import Watch, class_code, difference, hooked, structure_of
 
 PROVIDERS = ["CPUExecutionProvider"]
-# Which of ONNX Runtime and PyTorch answers a request size: "measure" (the default) times both on the first calls of
-# each size and keeps the faster; "engine" sends every call the engine can answer to ONNX Runtime (the tests use it,
-# to test the engine itself). Read at import from HF_VANILLA_RUNTIME_CHOICE.
-CHOICE = os.environ.get("HF_VANILLA_RUNTIME_CHOICE", "measure")
-if CHOICE not in ("measure", "engine"):
-    raise ValueError(f"HF_VANILLA_RUNTIME_CHOICE={CHOICE!r}: use measure (the default) or engine.")
-CHOICE_CALLS = 3  # timed calls of each path per request size, after its first
-CHOICE_MIN_GAIN = 1.05  # ONNX Runtime must be this much faster: noise can only leave a size on PyTorch
 # The check at attach: a right-padded (2, PROBE_TOKENS) batch, both ways, within PROBE_TOLERANCE x max(1, |output|).
 # It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
 # room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
@@ -119,9 +106,8 @@ class OnnxEncoder:
         self.body = unit.config.model_type == "vanilla_encoder"  # a body, with its output class; else a stack
         self.state = None  # (_Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
         self.warned = False
-        # Per request size (`_size_key`): ONNX Runtime (the challenger) or PyTorch, measured by `_measure`.
-        self.choice = measure.MeasuredChoice("runtime: ONNX Runtime?", ("onnxruntime", "pytorch"), "onnxruntime",
-                                             CHOICE_CALLS, CHOICE_MIN_GAIN, warmup=1)
+        # Per request size: ONNX Runtime (the challenger) or PyTorch, whichever measured faster (../choice.py).
+        self.choice = choice.engine_or_pytorch("onnxruntime")
 
     def __deepcopy__(self, memo):
         """The copy's engine: the same session (it cannot be copied, and needs not: the graph holds no weight),
@@ -171,30 +157,8 @@ class OnnxEncoder:
         request = self._request(arguments)
         if request is None:
             return self.forward(*args, **kwargs)
-        if CHOICE == "engine":
-            return self._answer(request, arguments)
-        key = size_key(request[0]["attention_mask"])
-        engine = self.choice.decision(key)
-        if engine is None:
-            return self._measure(key, request, arguments, args, kwargs)
-        return self._answer(request, arguments) if engine else self.forward(*args, **kwargs)
-
-    def _measure(self, key, request, arguments, args, kwargs):
-        """A call of a request size not decided yet: ONNX Runtime and PyTorch answer in turn (the same answer within
-        the parity rule), each timed (hf_vanilla/measure.py), until each has `CHOICE_CALLS` + 1 timings (the first of
-        each is left out: allocations); then the size runs ONNX Runtime only if PyTorch's median time is at least
-        `CHOICE_MIN_GAIN` times ONNX Runtime's. A PyTorch call that also measured its products' kernels (kernels.py
-        computes two products where it times one) is not counted: it would make PyTorch look slower than it will
-        be."""
-        path = self.choice.turn(key)
-        if path == "onnxruntime":
-            return self.choice.time(key, path, self._answer, request, arguments)
-        measured = measure.timed_calls()
-        start = measure.clock()
-        output = self.forward(*args, **kwargs)
-        if measure.timed_calls() == measured:  # PyTorch's call did not also time kernels (kernels.py)
-            self.choice.record(key, path, measure.clock() - start)
-        return output
+        return choice.answer(self.choice, request[0]["attention_mask"], lambda: self._answer(request, arguments),
+                             lambda: self.forward(*args, **kwargs))
 
     def _request(self, arguments: dict):
         """(the session's inputs, the weights to feed), or None where PyTorch must run the call."""
@@ -229,7 +193,8 @@ class OnnxEncoder:
     def _answer(self, request: tuple, arguments: dict):
         """The unit's output for `request`, computed by ONNX Runtime."""
         feeds, weights = request
-        outputs = dict(zip(self.outputs, map(torch.from_numpy, run_grouped(self.session, feeds, weights))))
+        run = lambda part: self.session.run(None, part | weights)  # noqa: E731
+        outputs = dict(zip(self.outputs, map(torch.from_numpy, run_grouped(run, feeds))))
         if not self.body:
             return BaseModelOutputWithPastAndCrossAttentions(**outputs)
         output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)

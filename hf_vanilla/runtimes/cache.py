@@ -29,8 +29,8 @@ import onnxscript
 import torch
 import transformers
 
-from ...export import export_encoder_reading_weights
-from ...processes import process_alive
+from ..export import export_encoder_reading_weights
+from ..processes import process_alive
 
 CACHE_FORMAT = 2  # bump when the exported graph changes for the same key (2: weights are graph inputs)
 CACHE_ENV = "HF_VANILLA_ONNX_CACHE"

@@ -21,7 +21,7 @@ import operator
 import torch
 import transformers
 
-from ...compat import CONFIG_STORED_PER_CALL
+from ..compat import CONFIG_STORED_PER_CALL
 
 def hooked(unit) -> bool:
     """Whether forward hooks would run inside the unit (its own run around the engine either way)."""

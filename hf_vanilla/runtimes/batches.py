@@ -1,4 +1,4 @@
-"""What the engine is fed: the request read in numpy, and the size key its choice is made per.
+"""What an engine is fed: the request read in numpy, and padded rows grouped by length.
 
 Padded batches keep the padding-free idea: a batch whose padding is at the end of each row is split into groups of
 rows of similar length (rows sorted by length, grouped by a small dynamic programme that weighs a call's fixed cost
@@ -14,15 +14,8 @@ import torch
 CALL_COST_TOKENS = 32
 
 
-def size_key(mask: np.ndarray) -> tuple:
-    """What the choice between the engines is made per: rows and real tokens, each rounded up to a power of two,
-    and torch's thread count (both engines use it)."""
-    rows, tokens = mask.shape[0], max(int(mask.sum()), 1)
-    return 1 << (rows - 1).bit_length(), 1 << (tokens - 1).bit_length(), torch.get_num_threads()
-
-
 def feeds_for(config, input_ids, attention_mask, token_type_ids) -> dict | None:
-    """The session's inputs as C-ordered int64 numpy arrays, or None unless every check PyTorch's path makes of an
+    """The graph's inputs as C-ordered int64 numpy arrays, or None unless every check PyTorch's path makes of an
     encoder's input (hf_vanilla/validation.py) plainly passes: 2-D int64/int32 ids in the vocabulary, no longer than
     the position table; a 2-D mask of their shape holding only 1 and 0 (bool, integer or float); int64/int32 segment
     ids of their shape (or one row) in range. A subset of what PyTorch accepts, never more: what this refuses,
@@ -85,18 +78,18 @@ def length_groups(lengths: list[int], call_cost: int = CALL_COST_TOKENS) -> list
     return groups[::-1]
 
 
-def run_grouped(session, feeds: dict, weights: dict) -> list[np.ndarray]:
-    """The graph's outputs, (B, T, E) hidden states first: one call for a batch without end-padding to trim,
-    else one per group of rows, scattered back."""
+def run_grouped(run, feeds: dict) -> list[np.ndarray]:
+    """The graph's outputs, (B, T, E) hidden states first, from `run(feeds) -> [outputs]` (the engine's call): one
+    call for a batch without end-padding to trim, else one per group of rows, scattered back."""
     mask = feeds["attention_mask"]
     B, T = mask.shape
     lengths = mask.sum(1)
     if lengths.min() in (0, T) or not (mask == (np.arange(T)[None, :] < lengths[:, None])).all():
-        return session.run(None, feeds | weights)  # dense, a row of padding only, or padding not at the ends
+        return run(feeds)  # dense, a row of padding only, or padding not at the ends
     outputs = None
     for rows, length in length_groups(lengths.tolist()):
         index = np.asarray(rows)
-        group = session.run(None, {name: value[index, :length] for name, value in feeds.items()} | weights)
+        group = run({name: value[index, :length] for name, value in feeds.items()})
         if outputs is None:  # hidden states (B, T, E), then per-row outputs (B, ...)
             outputs = [np.zeros((B, T, group[0].shape[-1]), group[0].dtype)]
             outputs += [np.zeros((B, *out.shape[1:]), out.dtype) for out in group[1:]]

@@ -1,0 +1,61 @@
+"""Which engine answers a request: the engine or PyTorch, decided per request size, the same way for every engine.
+
+Fed or owning its weights, an engine is much faster than eager PyTorch on short requests and no faster, sometimes
+slower, on long or padded batches, where PyTorch skips the padding (docs/performance.md). So where both can answer,
+the first calls of each request size (rows and real tokens, each rounded up to a power of two, and the thread
+count) are answered by the engine and PyTorch in turn, both timed (`hf_vanilla.measure`), and after `CHOICE_CALLS`
+timed calls of each (past each one's first) the size runs on the engine only if PyTorch took at least
+`CHOICE_MIN_GAIN` times as long. Both give the same answer within the parity rule, so which one ran never shows in
+the output. `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call an engine can answer to it (the tests use it to test
+an engine itself).
+"""
+
+import os
+
+import numpy as np
+import torch
+
+from .. import measure
+
+# "measure" (the default) or "engine"; read at import, and read again by the engines on every call.
+CHOICE = os.environ.get("HF_VANILLA_RUNTIME_CHOICE", "measure")
+if CHOICE not in ("measure", "engine"):
+    raise ValueError(f"HF_VANILLA_RUNTIME_CHOICE={CHOICE!r}: use measure (the default) or engine.")
+CHOICE_CALLS = 3  # timed calls of each path per request size, after its first
+CHOICE_MIN_GAIN = 1.05  # the engine must be this much faster: noise can only leave a size on PyTorch
+
+
+def engine_or_pytorch(engine: str) -> measure.MeasuredChoice:
+    """A fresh choice between `engine` (the challenger) and PyTorch, per request size."""
+    return measure.MeasuredChoice(f"runtime: {engine}?", (engine, "pytorch"), engine, CHOICE_CALLS,
+                                  CHOICE_MIN_GAIN, warmup=1)
+
+
+def size_key(mask: np.ndarray) -> tuple:
+    """What the choice is made per: rows and real tokens, each rounded up to a power of two, and torch's thread
+    count (both engines use it)."""
+    rows, tokens = mask.shape[0], max(int(mask.sum()), 1)
+    return 1 << (rows - 1).bit_length(), 1 << (tokens - 1).bit_length(), torch.get_num_threads()
+
+
+def answer(decisions: measure.MeasuredChoice, mask: np.ndarray, engine, pytorch):
+    """The output of `engine()` or `pytorch()` (two calls of no argument giving the same answer) for a request
+    whose attention mask is `mask`: the engine whenever `CHOICE` says so, else whichever `decisions` found faster
+    for this size, measuring both while it is not decided."""
+    if CHOICE == "engine":
+        return engine()
+    key = size_key(mask)
+    decided = decisions.decision(key)
+    if decided is not None:
+        return engine() if decided else pytorch()
+    path = decisions.turn(key)
+    if path != "pytorch":
+        return decisions.time(key, path, engine)
+    # A PyTorch call that also measured its products' kernels (kernels.py computes two products where it times one)
+    # is not counted: it would make PyTorch look slower than it will be.
+    measured = measure.timed_calls()
+    start = measure.clock()
+    output = pytorch()
+    if measure.timed_calls() == measured:
+        decisions.record(key, path, measure.clock() - start)
+    return output
