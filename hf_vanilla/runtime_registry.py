@@ -19,6 +19,7 @@ _ONNX_EXTRA = 'pip install "hf_vanilla[onnx]"'
 # name -> (the "module:function" that applies it, how to install what it imports)
 _RUNTIMES = {
     "onnxruntime": ("hf_vanilla.runtimes.onnxruntime:use_onnx_runtime", _ONNX_EXTRA),
+    "openvino": ("hf_vanilla.runtimes.openvino:use_openvino", 'pip install "hf_vanilla[openvino]"'),
 }
 
 

@@ -43,8 +43,14 @@ CONFIG = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention
 class Path:
     name: str
     make: Callable  # a float32 model -> the path's model (the argument is the path's own copy)
-    dtype: torch.dtype = torch.float32  # the rule it is held to
+    dtype: torch.dtype = torch.float32  # what it computes in (and takes `inputs_embeds` in)
     reload: Callable = staticmethod(lambda directory: VanillaEncoderModel.from_pretrained(directory))
+    rule_dtype: torch.dtype | None = None  # the rule it is held to, where not its dtype's
+    refuses_move: str | None = None  # what it says to a later model.to(bfloat16) that it cannot follow
+
+    @property
+    def rule(self) -> torch.dtype:
+        return self.rule_dtype or self.dtype
 
     def expected(self, plain):
         """What the path must answer for the (edited) float32 model `plain`."""
@@ -65,15 +71,39 @@ def _runtime_reload(directory):
                                                runtime_options={"cache_dir": _GRAPHS[0]})
 
 
+def _openvino(precision, choice="engine"):
+    def make(model):
+        from hf_vanilla.runtimes import choice as runtime_choice
+        from hf_vanilla.runtimes.openvino import use_openvino
+        runtime_choice.CHOICE = choice  # restored by the `path` fixture
+        return use_openvino(model, precision=precision, cache_dir=_GRAPHS[0])
+    return make
+
+
+def _openvino_reload(precision):
+    return lambda directory: VanillaEncoderModel.from_pretrained(
+        directory, runtime="openvino", runtime_options={"precision": precision, "cache_dir": _GRAPHS[0]})
+
+
 _GRAPHS = []  # the session's graph cache folder, set by the `paths` fixture
 PATHS = [
     Path("eager", lambda model: model),
     Path("runtime forced", _runtime("engine"), reload=_runtime_reload),
     Path("runtime chosen", _runtime("measure"), reload=_runtime_reload),
-    Path("int8", quantize_int8, reload=lambda directory: quantize_int8(VanillaEncoderModel.from_pretrained(directory))),
+    Path("int8", quantize_int8, reload=lambda directory: quantize_int8(VanillaEncoderModel.from_pretrained(directory)),
+         refuses_move=r"moved after quantize_int8.*model\.float\(\)"),
     Path("bf16", lambda model: model.to(torch.bfloat16), torch.bfloat16,
          reload=lambda directory: VanillaEncoderModel.from_pretrained(directory, dtype=torch.bfloat16)),
     Path("compiled", lambda model: torch.compile(model, backend="aot_eager")),
+    # OpenVINO owns the weights: the model keeps none to edit, so only load_state_dict, a module replaced and a
+    # patched class reach it (each followed); its int8 quantizes activations per call as well, so no float32
+    # computation gives its answer exactly: it is held to bfloat16's rule against float32 (its error is of that
+    # order: 7 bits per weight row against bfloat16's 8 of mantissa).
+    Path("openvino", _openvino("f32"), reload=_openvino_reload("f32")),
+    Path("openvino chosen", _openvino("f32", "measure"), reload=_openvino_reload("f32")),
+    Path("openvino bf16", _openvino("bf16"), torch.bfloat16, reload=_openvino_reload("bf16")),
+    Path("openvino int8", _openvino("int8"), reload=_openvino_reload("int8"), rule_dtype=torch.bfloat16,
+         refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
 ]
 
 
@@ -136,7 +166,7 @@ def answer(model, inputs):
 def assert_answers(path, model, reference, inputs):
     expected = answer(path.expected(reference), inputs)
     for got, want in zip(answer(model, inputs), expected):
-        assert_close(got, want, dtype=path.dtype)
+        assert_close(got, want, dtype=path.rule)
 
 
 # ---- the same input, every form ----------------------------------------------------------------------------------
@@ -158,15 +188,16 @@ def test_inputs_embeds(pair, path):
         got = model(inputs_embeds=embeds.to(path.dtype), attention_mask=inputs["attention_mask"]).last_hidden_state
         want = path.expected(reference)(inputs_embeds=embeds, attention_mask=inputs["attention_mask"])
     real = inputs["attention_mask"].bool()
-    assert_close(got[real].float(), want.last_hidden_state[real], dtype=path.dtype)
+    assert_close(got[real].float(), want.last_hidden_state[real], dtype=path.rule)
 
 
 # ---- edits of the source: followed or refused -------------------------------------------------------------------
 
 
 def _params(model):
-    """The model's parameters by name, sorted, wherever the path keeps them (a compiled model's are its module's)."""
-    return dict(sorted(getattr(model, "_orig_mod", model).named_parameters()))
+    """The model's parameters by name, sorted, wherever the path keeps them (a compiled model's are its module's); an
+    empty one (OpenVINO's marker) holds nothing to edit."""
+    return dict(sorted((name, p) for name, p in getattr(model, "_orig_mod", model).named_parameters() if p.numel()))
 
 
 def _seeded_like(tensor, name):
@@ -196,6 +227,8 @@ def _numpy_write(name, parameter):
 
 def _optimizer_step(model, names):
     parameters = [p for name, p in _params(model).items() if name in names]
+    if not parameters:
+        return  # OpenVINO's model: no parameter to step
     for parameter in parameters:
         parameter.grad = torch.full_like(parameter, 0.01)
     torch.optim.SGD(parameters, lr=1.0).step()
@@ -205,13 +238,15 @@ def _optimizer_step(model, names):
 
 def _vector_to_parameters(model, names):
     parameters = [p for name, p in _params(model).items() if name in names]
+    if not parameters:
+        return
     vector = nn.utils.parameters_to_vector(parameters)
     nn.utils.vector_to_parameters(vector * 0.75, parameters)
 
 
 def _replace_module(model, names):
     module = getattr(model, "_orig_mod", model)
-    dtype = module.pooler.weight.dtype
+    dtype = module.dtype
     torch.manual_seed(1)  # the new modules' values drawn in float32, then cast: the same in every model
     dense = nn.Linear(CONFIG["hidden_size"], CONFIG["hidden_size"])
     norm = nn.LayerNorm(CONFIG["hidden_size"], eps=1e-12)
@@ -271,6 +306,21 @@ def test_int8_has_no_float_weight_to_go_stale(plain):
         layer.weight.mul_(2)  # noqa: B018
 
 
+def test_openvino_leaves_no_weight_to_go_stale(plain):
+    """OpenVINO holds the encoder's weights: the model has none left to write (only the empty marker that follows
+    model.to), and remove_openvino gives them all back, as the engine holds them."""
+    from hf_vanilla.runtimes.openvino import remove_openvino, use_openvino
+    model = use_openvino(copy.deepcopy(plain), cache_dir=_GRAPHS[0] if _GRAPHS else None)
+    assert [p.numel() for p in model.parameters()] == [0]
+    with pytest.raises(AttributeError, match="weight"):
+        model.encoder.layers[0].self_attn.q_proj.weight  # noqa: B018
+    model.load_state_dict({name: tensor * 2 for name, tensor in plain.state_dict().items()})
+    remove_openvino(model)
+    state = model.state_dict()
+    assert state.keys() == plain.state_dict().keys()
+    assert all(torch.equal(state[name], tensor * 2) for name, tensor in plain.state_dict().items())
+
+
 # ---- concurrency ------------------------------------------------------------------------------------------------
 
 
@@ -289,7 +339,7 @@ def test_concurrent_calls_answer_as_sequential_ones(pair, path):
                 got = answer(model, requests[index])
                 for have, want in zip(got, expected[index]):
                     try:
-                        assert_close(have, want, dtype=path.dtype)
+                        assert_close(have, want, dtype=path.rule)
                     except AssertionError as error:
                         mismatches.append(str(error))
         except Exception as error:  # noqa: BLE001  (whatever a thread raises is the finding)
@@ -316,7 +366,7 @@ def test_save_and_reload_give_the_same_answers(pair, path, tmp_path):
         getattr(model, "_orig_mod", model).save_pretrained(tmp_path)
         reloaded = path.reload(tmp_path)
     for got, want in zip(answer(reloaded, inputs), before):
-        assert_close(got, want, dtype=path.dtype)
+        assert_close(got, want, dtype=path.rule)
 
 
 def test_a_plain_class_loads_what_the_path_saved(pair, path, tmp_path):
@@ -346,11 +396,11 @@ def test_copies_answer_alike_and_apart(pair, path, how):
     else:
         copied = copy.deepcopy(model)
     for got, want in zip(answer(copied, inputs), before):
-        assert_close(got, want, dtype=path.dtype)
+        assert_close(got, want, dtype=path.rule)
     names = set(_params(copied))
     EDITS["in-place under no_grad"](copied, names)
     for got, want in zip(answer(model, inputs), before):
-        assert_close(got, want, dtype=path.dtype)
+        assert_close(got, want, dtype=path.rule)
     EDITS["in-place under no_grad"](reference, names)
     assert_answers(path, copied, reference, inputs)
 
@@ -372,13 +422,13 @@ def test_a_thread_count_change(pair, path):
 
 def test_a_later_dtype_move_is_followed_or_refused(pair, path):
     """model.to(bfloat16) after the path was made: the answer is bfloat16 eager's (at its rule), or a clear refusal
-    naming the fix (int8 computes float32 activations)."""
+    naming the fix (both int8 paths compute float32 activations)."""
     reference, model = pair
     inputs = batch((7, 3, 5))
     answer(model, inputs)
     moved = model.to(torch.bfloat16)
-    if path.name == "int8":
-        with pytest.raises(RuntimeError, match=r"moved after quantize_int8.*model\.float\(\)"):
+    if path.refuses_move:
+        with pytest.raises(RuntimeError, match=path.refuses_move):
             answer(moved, inputs)
         return
     expected = answer(reference, inputs)

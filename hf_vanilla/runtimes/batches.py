@@ -1,4 +1,5 @@
-"""What an engine is fed: the request read in numpy, and padded rows grouped by length.
+"""What an engine is fed and what it answers: the request read in numpy, padded rows grouped by length, and the
+engine's arrays as the module's own output class.
 
 Padded batches keep the padding-free idea: a batch whose padding is at the end of each row is split into groups of
 rows of similar length (rows sorted by length, grouped by a small dynamic programme that weighs a call's fixed cost
@@ -9,6 +10,10 @@ with its mask, as PyTorch's padded path does.
 
 import numpy as np
 import torch
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+)
 
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
 CALL_COST_TOKENS = 32
@@ -98,3 +103,13 @@ def run_grouped(run, feeds: dict) -> list[np.ndarray]:
             whole[index] = part
     outputs[0][mask == 0] = 0.0
     return outputs
+
+
+def module_output(unit, outputs: dict, return_dict: bool | None, dtype: torch.dtype = torch.float32):
+    """`outputs` (output name -> float32 array) as `unit` itself returns them, in `dtype`: a BERT-style body's pooled
+    output class (or its tuple, as `return_dict` or the config says), an encoder stack's hidden-state class."""
+    outputs = {name: torch.from_numpy(array).to(dtype) for name, array in outputs.items()}
+    if unit.config.model_type != "vanilla_encoder":
+        return BaseModelOutputWithPastAndCrossAttentions(**outputs)
+    output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)
+    return output if (unit.config.return_dict if return_dict is None else return_dict) else output.to_tuple()

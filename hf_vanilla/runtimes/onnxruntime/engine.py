@@ -27,15 +27,11 @@ import warnings
 import numpy as np
 import onnxruntime
 import torch
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPastAndCrossAttentions,
-    BaseModelOutputWithPoolingAndCrossAttentions,
-)
 
 from ...export import example_inputs
 from ...kernels import is_tracing
 from .. import choice
-from ..batches import feeds_for, run_grouped
+from ..batches import feeds_for, module_output, run_grouped
 from ..cache import GraphCache, cache_key, export_graph, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
 
@@ -103,7 +99,6 @@ class OnnxEncoder:
         if any(name not in named or list(named[name].shape) != shapes[name] for name in self.weights):
             raise ValueError(f"This graph reads weights {type(unit).__name__} does not have.")
         self.outputs = tuple(o.name for o in session.get_outputs())
-        self.body = unit.config.model_type == "vanilla_encoder"  # a body, with its output class; else a stack
         self.state = None  # (_Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
         self.warned = False
         # Per request size: ONNX Runtime (the challenger) or PyTorch, whichever measured faster (../choice.py).
@@ -194,12 +189,7 @@ class OnnxEncoder:
         """The unit's output for `request`, computed by ONNX Runtime."""
         feeds, weights = request
         run = lambda part: self.session.run(None, part | weights)  # noqa: E731
-        outputs = dict(zip(self.outputs, map(torch.from_numpy, run_grouped(run, feeds))))
-        if not self.body:
-            return BaseModelOutputWithPastAndCrossAttentions(**outputs)
-        output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)
-        return_dict = arguments.get("return_dict")
-        return output if (self.unit.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+        return module_output(self.unit, dict(zip(self.outputs, run_grouped(run, feeds))), arguments.get("return_dict"))
 
     def _verify(self) -> tuple:
         """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the

@@ -1,0 +1,328 @@
+"""The engine: an `OwnedEncoder` in front of a BERT-style body's forward, holding the body's weights.
+
+Why own them. OpenVINO's lead on short requests is that it lays each weight out for its kernels once, when it
+compiles (docs/performance.md: 3.8 of 4.1 ms at MiniLM 1x16 on AMD Zen 4; fed the weights as inputs on every call,
+as `runtime="onnxruntime"` does, it is 2.3-4.4x slower). A compiled copy can only be trusted while nothing else
+writes the weights, and nothing short of reading every weight tells a `.data` or numpy write from no write. So the
+engine takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`),
+and the body the user holds keeps its modules, config and code but no tensor (`model.parameters()` has none of
+them; `layer.weight` is an AttributeError). Every change then comes through a door the engine keeps:
+- `state_dict()` / `save_pretrained` write the shadow's tensors (copies) under the body's names, so any class
+  loads the checkpoint whole; `load_state_dict` (also `assign=True`) loads into the shadow and recompiles;
+- a module replaced or added, a method patched on a class, a config value changed (the body compared with what was
+  compiled on every call, `hf_vanilla.runtimes.watch`): the tensors go back into the body, and it is traced and
+  compiled again (seconds), with the new modules' own tensors;
+- `model.to(torch.bfloat16)` / `.float()`: the engine follows (the shadow moves, OpenVINO recompiles at that
+  precision); to another device, or anything else, it refuses, naming `remove_openvino`;
+- training (`model.train()`) and forward hooks inside the body, which the graph would not run, are refused, naming
+  `remove_openvino`, which gives the tensors back to the body.
+
+What runs where. OpenVINO answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
+no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
+same weights) answers everything else, and, per request size, whichever of the two measured faster
+(hf_vanilla/runtimes/choice.py): OpenVINO on short requests, PyTorch's padding-free path on long padded batches.
+Both answer within the parity rule of each other at float32; at bfloat16 and int8 OpenVINO's kernels round
+differently from PyTorch's (the tests hold each to its precision's rule).
+
+Precisions. "f32"; "bf16" (the weights rounded to bfloat16, as `model.to(torch.bfloat16)` rounds them: the shadow
+holds and saves bfloat16, and OpenVINO computes its products in bfloat16); "int8" (each projection's weight as int8
+per output row with a float32 scale, OpenVINO's compressed-weight products; embeddings, norms and biases float32;
+the shadow keeps and saves the float32 weights, and PyTorch's path runs them in float32).
+"""
+
+import copy
+import functools
+import inspect
+import threading
+
+import numpy as np
+import openvino
+import torch
+from openvino import opset13 as ops
+
+from ...export import example_inputs
+from ...kernels import is_tracing
+from .. import choice
+from ..batches import feeds_for, module_output, run_grouped
+from ..cache import GraphCache, cache_key, export_graph
+from ..watch import Watch, class_code, hooked, structure_of
+
+PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # the shadow's dtype
+# The check at attach, as the ONNX Runtime engine's: OpenVINO at float32 against the shadow on a right-padded
+# (2, PROBE_TOKENS) request, within PROBE_TOLERANCE x max(1, |output|).
+PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
+# The one tensor the body still has: an empty float32 parameter, so that model.to(...) tells the engine where the
+# model was moved, and model.dtype / model.device (read off the parameters) still answer. It is never saved.
+MARKER = "_openvino_marker"
+
+
+class OwnedEncoder:
+    """A body's `forward` while OpenVINO runs it: the body's weights held in `shadow`, OpenVINO compiled from them."""
+
+    def __init__(self, unit, precision: str, threads: int, cache: GraphCache):
+        self.unit, self.precision, self.threads, self.cache = unit, precision, threads, cache
+        self.lock = threading.RLock()  # one rebuild at a time; calls check the body under it
+        self.choice = choice.engine_or_pytorch("openvino")
+        self._take()
+
+    # ---- taking the weights, and giving them back -------------------------------------------------------------
+
+    def _take(self) -> None:
+        """Move the body's tensors into a private copy of it, trace it (or find its graph), compile, and put the
+        engine in front of the body's forward, with its state-dict doors."""
+        unit = self.unit
+        shadow = copy.deepcopy(unit)  # its own tensors; the body's own forward (the engine is not in front yet)
+        self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
+        shadow.requires_grad_(False).to(PRECISIONS[self.precision])
+        for module in unit.modules():  # the body keeps its modules and code, no tensor
+            if module._parameters or module._buffers:
+                module.extra_repr = held_repr  # torch's own reads the weights (Linear: `bias=...`)
+            module._parameters.clear()
+            module._buffers.clear()
+            module._non_persistent_buffers_set.clear()
+        unit.register_parameter(MARKER, torch.nn.Parameter(torch.empty(0), requires_grad=False))
+        self.shadow, self.dtype = shadow, PRECISIONS[self.precision]
+        self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
+        self.graph = self._graph()
+        self.compiled, self.local = self._compile(), threading.local()
+        unit.forward = self
+        unit.register_state_dict_post_hook(functools.partial(OwnedEncoder.save, self))  # torch marks the hook:
+        unit.register_load_state_dict_pre_hook(functools.partial(OwnedEncoder.load, self))  # not a bound method
+        self.structure, self.code, self.watch = structure_of(unit), class_code(unit), Watch(unit, list(unit._parameters.values()))
+
+    def give_back(self) -> None:
+        """Put the shadow's tensors back into the body's modules, by path (modules added since keep their own), and
+        the body's own forward and state-dict methods."""
+        unit, own = self.unit, dict(self.shadow.named_modules())
+        vars(unit).pop("forward", None)
+        for hooks in (unit._state_dict_hooks, unit._load_state_dict_pre_hooks):
+            for key in [key for key, hook in hooks.items() if getattr(getattr(hook, "hook", hook), "args", ())[:1]
+                        == (self,)]:
+                del hooks[key]
+        unit._parameters.pop(MARKER, None)
+        for path, module in unit.named_modules():
+            source = own.get(path)
+            if source is None or type(source) is not type(module) or module._parameters or module._buffers:
+                continue  # new since attach (or the marker's): it holds its own tensors
+            vars(module).pop("extra_repr", None)
+            module._parameters.update(source._parameters)
+            module._buffers.update(source._buffers)
+            module._non_persistent_buffers_set.update(source._non_persistent_buffers_set)
+        for name, parameter in unit.named_parameters():
+            parameter.requires_grad_(name not in self.frozen)
+
+    # ---- the graph and its compilation ------------------------------------------------------------------------
+
+    def _graph(self) -> bytes:
+        """The shadow's graph reading its weights as inputs, from the cache or traced; checked against PyTorch."""
+        shadow = self.shadow.float() if self.dtype != torch.float32 else self.shadow
+        try:
+            structure = structure_of(shadow)
+            inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if shadow.config.type_vocab_size else [])
+            outputs = ("last_hidden_state",) + (("pooler_output",) if shadow.pooler is not None else ())
+            key = cache_key(shadow, structure, inputs, outputs)
+            for fresh in (False, True):
+                graph = self.cache.load(key) if not fresh else export_graph(shadow, inputs, outputs, key)
+                if graph is None:
+                    continue
+                worst = _probe(shadow, compile_graph(graph, _tensors(shadow), "f32", self.threads))
+                if worst <= PROBE_TOLERANCE:
+                    if fresh:
+                        self.cache.store(key, graph)
+                    return graph
+                self.cache.discard(key)
+            raise RuntimeError(f"OpenVINO's graph of {type(shadow).__name__} differs from PyTorch by {worst:.2e} x "
+                               f"max(1, |output|): runtime='openvino' cannot run this model; use PyTorch or "
+                               f"runtime='onnxruntime'.")
+        finally:
+            shadow.to(self.dtype)
+
+    def _compile(self):
+        return compile_graph(self.graph, _tensors(self.shadow), self.precision, self.threads)
+
+    # ---- calls ------------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        with self.lock:
+            self._follow()
+            compiled, shadow = self.compiled, self.shadow
+        forward = type(shadow).forward.__get__(shadow)
+        arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
+        feeds = self._feeds(arguments)
+        if feeds is None:
+            return forward(*args, **kwargs)
+        return choice.answer(self.choice, feeds["attention_mask"], lambda: self._answer(compiled, feeds, arguments),
+                             lambda: forward(*args, **kwargs))
+
+    def _follow(self) -> None:
+        """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
+        unit = self.unit
+        if self.compiled is None:  # unpickled or deep-copied: compile from the shadow's tensors
+            self.code, self.watch = class_code(unit), Watch(unit, list(unit._parameters.values()))
+            self.compiled, self.local = self._compile(), threading.local()
+        if self.watch.unchanged():
+            return
+        if structure_of(unit) != self.structure or class_code(unit) != self.code:
+            self.give_back()  # a module replaced, a class patched, a config value changed: compile it anew
+            self._take()
+            return
+        if any(module.training for module in unit.modules()):
+            raise RuntimeError("runtime='openvino' runs inference only and holds the encoder's weights: call "
+                               "model.eval(), or hf_vanilla.runtimes.openvino.remove_openvino(model) to train.")
+        if hooked(unit):
+            raise RuntimeError("Forward hooks are set inside an encoder whose weights runtime='openvino' holds, and "
+                               "its graph would not run them: call hf_vanilla.runtimes.openvino.remove_openvino(model)"
+                               " first.")
+        marker = unit._parameters.get(MARKER)
+        moved = marker is None or marker.device.type != "cpu" or marker.dtype not in (torch.float32, torch.bfloat16)
+        if moved or (self.precision == "int8" and marker.dtype != torch.float32):
+            where = "lost its marker" if marker is None else f"moved to {marker.dtype} on {marker.device}"
+            raise RuntimeError(f"The model {where} after runtime='openvino' took its encoder's weights, which stay in "
+                               f"OpenVINO on the CPU at precision {self.precision!r}: call model.float() to go on, "
+                               f"or hf_vanilla.runtimes.openvino.remove_openvino(model) first.")
+        if marker.dtype != self.dtype:  # model.to(torch.bfloat16) or .float(): follow
+            self.precision = "bf16" if marker.dtype == torch.bfloat16 else "f32"
+            self.dtype = PRECISIONS[self.precision]
+            self.shadow.to(self.dtype)
+            self.compiled, self.local = self._compile(), threading.local()
+        self.watch = Watch(unit, list(unit._parameters.values()))
+
+    def _feeds(self, arguments: dict):
+        """The graph's inputs, or None where PyTorch (the shadow) must answer."""
+        get = arguments.get
+        config = self.shadow.config
+        if (
+            get("input_ids") is None or get("inputs_embeds") is not None or get("position_ids") is not None
+            or get("past_key_values") is not None or get("encoder_hidden_states") is not None
+            or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
+            or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
+            or is_tracing()
+        ):
+            return None
+        feeds = feeds_for(config, get("input_ids"), get("attention_mask"), get("token_type_ids"))
+        if feeds is not None and config.type_vocab_size and "token_type_ids" not in feeds:
+            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        return feeds
+
+    def _answer(self, compiled, feeds: dict, arguments: dict):
+        """The body's output for `feeds`, computed by OpenVINO, in the shadow's dtype."""
+        request = getattr(self.local, "request", None)
+        if request is None or self.local.compiled is not compiled:  # one request per thread: not thread-safe
+            request = self.local.request = compiled.create_infer_request()
+            self.local.compiled = compiled
+        names = [output.get_any_name() for output in compiled.outputs]
+
+        def run(part):
+            results = request.infer(part, share_outputs=False)
+            return [results[output] for output in compiled.outputs]
+
+        return module_output(self.shadow, dict(zip(names, run_grouped(run, feeds))), arguments.get("return_dict"),
+                             self.dtype)
+
+    # ---- the doors: state dicts, copies, pickling --------------------------------------------------------------
+
+    def save(self, module, state_dict: dict, prefix: str, local_metadata) -> None:
+        """`state_dict()`'s hook on the body: the shadow's tensors, copied (a write into them must not reach the
+        engine unseen)."""
+        with self.lock:
+            state_dict.pop(prefix + MARKER, None)
+            for name, tensor in self.shadow.state_dict().items():
+                state_dict[prefix + name] = tensor.detach().clone()
+
+    def load(self, module, state_dict: dict, prefix: str, local_metadata, strict, missing_keys, unexpected_keys,
+             error_msgs) -> None:
+        """`load_state_dict()`'s hook on the body: the shadow's keys are taken out of `state_dict`, loaded into the
+        shadow (as `load_state_dict` would, `assign=` included), and OpenVINO is compiled from them."""
+        with self.lock:
+            if structure_of(self.unit) != self.structure:  # a module replaced: its keys go to it, not the shadow
+                self.give_back()
+                self._take()
+            own = self.shadow.state_dict()
+            mine = {name[len(prefix):]: state_dict.pop(name) for name in list(state_dict)
+                    if name.startswith(prefix) and name[len(prefix):] in own}
+            result = self.shadow.load_state_dict(mine, strict=False,
+                                                 assign=local_metadata.get("assign_to_params_buffers", False))
+            missing_keys.extend(prefix + name for name in result.missing_keys)
+            marker = module._parameters.get(MARKER)
+            if marker is not None:  # not in any checkpoint: loaded as itself
+                state_dict[prefix + MARKER] = marker
+            self.shadow.requires_grad_(False).to(self.dtype)
+            self.compiled, self.local = self._compile(), threading.local()
+
+    def __deepcopy__(self, memo):
+        clone = object.__new__(type(self))
+        vars(clone).update(vars(self))
+        clone.unit, clone.shadow = copy.deepcopy(self.unit, memo), copy.deepcopy(self.shadow, memo)
+        clone.lock, clone.local, clone.choice = threading.RLock(), threading.local(), copy.deepcopy(self.choice)
+        clone.watch, clone.compiled = None, None  # built at its first call, on the copy
+        return clone
+
+    def __getstate__(self):
+        """Pickled with the model: the shadow and the graph's bytes; compiled again at the first call."""
+        return dict(vars(self), lock=None, local=None, compiled=None, watch=None, code=None)
+
+    def __setstate__(self, state):
+        vars(self).update(state)
+        self.lock, self.local = threading.RLock(), threading.local()
+
+
+def held_repr() -> str:
+    """What `print(model)` shows of a module whose tensors the engine holds."""
+    return "weights held by OpenVINO: hf_vanilla.runtimes.openvino.remove_openvino(model) gives them back"
+
+
+def _tensors(shadow) -> dict:
+    """The shadow's tensors by the names the graph reads them, as float32 numpy arrays."""
+    return {name: tensor.detach().float().numpy() for name, tensor in [*shadow.named_parameters(),
+                                                                       *shadow.named_buffers()]}
+
+
+def compile_graph(graph: bytes, tensors: dict, precision: str, threads: int):
+    """OpenVINO's compiled model of `graph` with `tensors` as its constants: each weight input replaced by a
+    Constant (int8 per output row for the projections' weights at precision "int8"), laid out for its kernels once."""
+    core = openvino.Core()
+    model = core.read_model(model=graph, weights=openvino.Tensor(np.zeros(0, np.uint8)))
+    projections = {name for name, array in tensors.items() if array.ndim == 2 and "embeddings" not in name}
+    for parameter in list(model.get_parameters()):
+        name = parameter.get_friendly_name()
+        if name not in tensors:
+            continue  # a request input
+        array = tensors[name]
+        if precision == "int8" and name in projections:
+            scale = np.maximum(np.abs(array).max(axis=1, keepdims=True), np.finfo(np.float32).tiny) / 127.0
+            quantized = np.clip(np.rint(array / scale), -127, 127).astype(np.int8)
+            node = ops.multiply(ops.convert(ops.constant(quantized), openvino.Type.f32),
+                                ops.constant(scale.astype(np.float32)))
+        else:
+            node = ops.constant(np.ascontiguousarray(array))
+        for target in list(parameter.output(0).get_target_inputs()):
+            target.replace_source_output(node.output(0))
+        model.remove_parameter(parameter)
+    model.validate_nodes_and_infer_types()
+    config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads,
+              "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+    return core.compile_model(model, "CPU", config)
+
+
+def _probe(shadow, compiled) -> float:
+    """max |OpenVINO - PyTorch| / max(1, |PyTorch|) over the outputs, at the real tokens of a right-padded request."""
+    names = [i.get_any_name() for i in compiled.inputs]
+    inputs = example_inputs(shadow.config, [n for n in names if n != "token_type_ids"], length=PROBE_TOKENS)
+    with torch.inference_mode():
+        expected = type(shadow).forward(shadow, **inputs, return_dict=True)
+    feeds = {name: value.numpy() for name, value in inputs.items()}
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    results = compiled.create_infer_request().infer(feeds)
+    real = inputs["attention_mask"].bool().numpy()
+    worst = 0.0
+    for output in compiled.outputs:
+        name, array = output.get_any_name(), results[output]
+        reference = getattr(expected, name).numpy()
+        if array.shape != reference.shape:
+            return float("inf")
+        if name == "last_hidden_state":
+            array, reference = array[real], reference[real]
+        worst = max(worst, float(np.abs(array - reference).max()) / max(1.0, float(np.abs(reference).max())))
+    return worst if worst == worst else float("inf")
+
