@@ -18,6 +18,10 @@ Engines, each given the same number of threads (--threads, default 2):
                     ONNX Runtime, computing with the model's own weights (docs/deploy.md), padded batches run as
                     groups of similar length; the other heads and the decoder in PyTorch; per request size, ONNX
                     Runtime or eager PyTorch, whichever measured faster on its first calls (warmed up through them)
+    hf_vanilla OV   ours after `hf_vanilla.runtimes.openvino.use_openvino(model)` (`runtime="openvino"`): the encoder
+                    body on OpenVINO holding its weights (prepacked once), per request size OpenVINO or eager PyTorch
+                    on the engine's copy, whichever measured faster; in the reduced-precision table also at
+                    precision "bf16" and "int8"
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
     ORT             ONNX Runtime on our own graph (`hf_vanilla.export.export_encoder`, torch.onnx dynamo)
@@ -127,6 +131,7 @@ BENCH_EXTRA = 'pip install -e ".[bench]"'
 EXPORT = ("onnx", "onnxscript")
 ENGINE_PACKAGES = {
     "hf_vanilla ORT": ("onnxruntime", *EXPORT),
+    "hf_vanilla OV": ("openvino", *EXPORT),
     "ORT": ("onnxruntime", *EXPORT),
     "ORT fused": ("onnxruntime", *EXPORT),
     "OpenVINO": ("openvino", *EXPORT),
@@ -305,6 +310,7 @@ class EncoderModels:
     reference: BertModel
     ours: object
     runtime: object  # ours with use_onnx_runtime, or None
+    owned: dict  # precision -> ours with use_openvino at that precision ("f32" at least, where OpenVINO is here)
     onnx: tuple  # (plain, fused) paths, each None where its packages are missing
     ct2: Path  # or None
     # built by load_engines:
@@ -330,7 +336,7 @@ def encoder_models(name, directory, cold, threads):
         reference.save_pretrained(source)
     ours, runtime, *onnx = export_onnx(reference, directory, cold, name)
     ct2 = convert_ct2(source, directory, cold, name) if available("CT2") else None
-    return EncoderModels(name, reference, ours, runtime, tuple(onnx), ct2)
+    return EncoderModels(name, reference, ours, runtime, {}, tuple(onnx), ct2)
 
 
 def encoder_engines(models, input_ids, attention_mask):
@@ -338,11 +344,15 @@ def encoder_engines(models, input_ids, attention_mask):
     engines = [torch_encoder(REFERENCE, reference, input_ids, attention_mask),
                torch_encoder("hf_vanilla", ours, input_ids, attention_mask)]
     if models.runtime is not None:
-        from hf_vanilla.runtimes.onnxruntime import runtime_choices
+        from hf_vanilla.runtimes.choice import runtime_choices
 
         # Its first calls of a request size choose between ONNX Runtime and PyTorch, answering with each in turn.
         engines.append(replace(torch_encoder("hf_vanilla ORT", models.runtime, input_ids, attention_mask),
                                warming=lambda: None in runtime_choices(models.runtime).values()))
+    for precision, owned in models.owned.items():
+        name, label = ("hf_vanilla OV", "fp32") if precision == "f32" else (f"hf_vanilla OV {precision}", precision)
+        engines.append(replace(torch_encoder(name, owned, input_ids, attention_mask, label),
+                               warming=lambda owned=owned: None in runtime_choices(owned).values()))
     engines += [ort_encoder(name, session, input_ids, attention_mask) for name, session in models.sessions.items()]
     engines += [openvino_encoder(name, compiled, input_ids, attention_mask)
                 for name, compiled in models.openvino.items()]
@@ -354,10 +364,19 @@ def encoder_engines(models, input_ids, attention_mask):
     return engines
 
 
-def load_engines(models, threads, precisions):
+def load_engines(models, threads, precisions, cold):
     """Sessions, compiled graphs, CTranslate2 encoders and reduced-precision copies, built once per model and shared
     by its cases."""
     plain, fused = models.onnx
+    if available("hf_vanilla OV"):
+        from hf_vanilla.runtimes.openvino import use_openvino
+
+        reference = models.reference
+        for precision in ["f32"] + [p for p in ("bf16", "int8") if p in precisions]:
+            ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
+            models.owned[precision] = cold.time(
+                f"use_openvino(precision={precision!r}) (export or cache, probe, compile)", models.label,
+                lambda ours=ours, precision=precision: use_openvino(ours, precision, threads, plain.parent / "cache"))
     if plain is not None and available("ORT"):
         models.sessions["ORT"] = ort_session(plain, threads)
     if fused is not None:
@@ -468,7 +487,8 @@ def generation_engines(case, directory, cold, threads, precisions, compiled):
     engines = [generate_engine(REFERENCE, reference, input_ids, mask, case.new_tokens),
                generate_engine("hf_vanilla", ours, input_ids, mask, case.new_tokens)]
     if available("hf_vanilla ORT"):
-        from hf_vanilla.runtimes.onnxruntime import runtime_choices, use_onnx_runtime
+        from hf_vanilla.runtimes.choice import runtime_choices
+        from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
 
         runtime = marian_to_vanilla(reference.state_dict(), config.to_dict()).eval()  # same tensors, no copy
         runtime.generation_config = ours.generation_config
@@ -636,9 +656,9 @@ def cpu_header(threads):
     ]
 
 
-FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled", "ORT", "ORT fused", "OpenVINO", "OV default",
+FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla OV", "hf_vanilla compiled", "ORT", "ORT fused", "OpenVINO", "OV default",
                 "CT2"]
-OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla compiled")
+OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla OV", "hf_vanilla compiled")
 OPENVINO_DEFAULT = {}  # model -> the precision OpenVINO chose by default ("fp32" where the CPU has no bf16)
 
 
@@ -710,6 +730,25 @@ def print_tables(results, settles):
                 accuracy = compare(reference, engine, case.lengths)[1]
                 print(f"| {case.description} | {engine.name} | {' | '.join(texts)} | {accuracy} |")
 
+    print("\nAny precision: the fastest of ours (float32, bf16 or int8, any path) against the fastest other engine "
+          "(any precision; transformers is the reference, not a contender), speed-up over transformers fp32.\n")
+    print("| case | timing | ours: fastest (accuracy) | others: fastest (accuracy) | ours / best other |")
+    print("|---|---|---|---|---:|")
+    for case, engines, reference in (r for r in results if len(r) == 3):
+        for settle in settles:
+            mids = {e.name: ratio_text(reference, e, settle)[0] for e in engines if e is not reference
+                    and not e.name.startswith(REFERENCE)}
+            ours = [n for n in mids if n.startswith("hf_vanilla")]
+            others = [n for n in mids if n not in ours]
+            if not ours or not others:
+                continue
+            by_name = {e.name: e for e in engines}
+            best_ours, best_other = max(ours, key=mids.get), max(others, key=mids.get)
+            described = {n: f"{n} {mids[n]:.2f} ({compare(reference, by_name[n], case.lengths)[1]})"
+                         for n in (best_ours, best_other)}
+            print(f"| {case.description} | {settle_text(settle)} | {described[best_ours]} | {described[best_other]} "
+                  f"| {mids[best_ours] / mids[best_other]:.2f} |")
+
     print("\nMilliseconds per call (median over rounds, one figure per timing method) and each engine's first call "
           "(warm-up):\n")
     print("| case | engine: median ms " + " / ".join(f"[{settle_text(s)}]" for s in settles) + " (first call ms) |")
@@ -741,7 +780,7 @@ def run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rou
         if case.model not in models:
             models.clear()
             models[case.model] = encoder_models(case.model, directory, cold, args.threads)
-            load_engines(models[case.model], args.threads, precisions)
+            load_engines(models[case.model], args.threads, precisions, cold)
             OPENVINO_DEFAULT[case.model] = models[case.model].openvino_default
         vocab = models[case.model].reference.config.vocab_size
         input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")

@@ -59,3 +59,15 @@ def answer(decisions: measure.MeasuredChoice, mask: np.ndarray, engine, pytorch)
     if measure.timed_calls() == measured:
         decisions.record(key, path, measure.clock() - start)
     return output
+
+
+def runtime_choices(model) -> dict[tuple, bool | None]:
+    """Per request size (rows and real tokens rounded up to powers of two, threads) seen by the engines in front of
+    `model`'s modules: True where the engine answers, False where PyTorch does, None while the first calls still
+    measure the two."""
+    choices = {}
+    for module in model.modules():
+        decisions = getattr(vars(module).get("forward"), "choice", None)
+        if isinstance(decisions, measure.MeasuredChoice):
+            choices.update(decisions.decisions(pending=True))
+    return choices

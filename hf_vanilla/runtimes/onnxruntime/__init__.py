@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from ..batches import length_groups
 from ..cache import GraphCache
+from ..choice import runtime_choices
 from .engine import OnnxEncoder
 
 def use_onnx_runtime(model, cache_dir=None, threads: int | None = None):
@@ -35,17 +36,6 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None):
     for unit in units:
         OnnxEncoder.attach(unit, cache, threads or torch.get_num_threads())
     return model
-
-
-def runtime_choices(model) -> dict[tuple, bool | None]:
-    """Per request size (rows and real tokens rounded up to powers of two, threads) seen by `model`'s encoders: True
-    where ONNX Runtime answers, False where PyTorch does, None while the first calls still measure the two."""
-    choices = {}
-    for module in model.modules():
-        engine = vars(module).get("forward")
-        if isinstance(engine, OnnxEncoder):
-            choices.update(engine.choice.decisions(pending=True))
-    return choices
 
 
 def encoder_units(model) -> list:
