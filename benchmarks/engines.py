@@ -120,8 +120,8 @@ from benchmark import (  # noqa: E402
     sentence_lengths,
     uniform_lengths,
 )
-from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
-from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.formats.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.parity import tolerance  # noqa: E402
 
 REFERENCE = "transformers"

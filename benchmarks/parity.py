@@ -23,7 +23,7 @@ import torch
 from transformers import BertConfig, BertModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `conversion` lives at the repository root
-from hf_vanilla.conversion.bert import bert_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla  # noqa: E402
 
 TOLERANCE = 1e-5
 

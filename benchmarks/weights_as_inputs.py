@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertModel
 
-from hf_vanilla.conversion.bert import bert_to_vanilla
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.export import export_encoder, export_encoder_reading_weights
 
 SHAPES = [(1, 16), (1, 128), (8, 128), (1, 512)]  # (batch, tokens), dense

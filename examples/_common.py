@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla.conversion import bert
+from hf_vanilla.conversion import flow
+from hf_vanilla.conversion.formats import bert
 from hf_vanilla.conversion.errors import ConversionError
 
 # Optional packages the examples import, and the extra of hf_vanilla (pyproject.toml) that installs each.
@@ -121,4 +122,4 @@ def vanilla_checkpoint(source: str | None, output: Path, head: str) -> Path:
     config = Path(source) / "config.json"
     if config.is_file() and json.loads(config.read_text()).get("model_type") == "vanilla_encoder":
         return Path(source)
-    return bert.FORMAT.convert(source, str(output), head=head)
+    return flow.convert(bert.FORMAT, source, str(output), head=head)

@@ -84,7 +84,8 @@ def converted(tmp_path_factory, minilm_path, kind: str) -> tuple[Path, Path]:
 
     kind "minilm" is the real all-MiniLM-L6-v2 (a BertModel) and its conversion."""
     if kind not in _CACHE:
-        from hf_vanilla.conversion.bert import convert
+        from hf_vanilla.conversion import flow
+        from hf_vanilla.conversion.formats import bert
 
         root = tmp_path_factory.mktemp(f"ref-{kind}")
         if kind == "minilm":
@@ -92,7 +93,7 @@ def converted(tmp_path_factory, minilm_path, kind: str) -> tuple[Path, Path]:
         else:
             reference, head = make_reference(kind, root / "bert", minilm_path), KINDS[kind][1]
         with redirect_stdout(StringIO()):  # the converter prints its per-layer parity report
-            output = convert(str(reference), str(root / "vanilla"), head=head)
+            output = flow.convert(bert.FORMAT, str(reference), str(root / "vanilla"), head=head)
         _CACHE[kind] = (reference, Path(output))
     return _CACHE[kind]
 

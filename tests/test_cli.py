@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_vanilla.conversion import bert
-from hf_vanilla.conversion import distilbert
-from hf_vanilla.conversion import electra
-from hf_vanilla.conversion import roberta
 from hf_vanilla.conversion.cli import ENCODER_FORMATS, build_parser, main
+from hf_vanilla.conversion.formats import bert, distilbert, electra, roberta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "to-marian", "roberta", "to-roberta",
@@ -131,7 +128,8 @@ def test_wheel_installs_one_top_level_package_and_the_command(wheel):
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
         assert "hf-vanilla = hf_vanilla.conversion.cli:command_line" in entry_points
     assert {n.split("/")[0] for n in names} == {"hf_vanilla", info}
-    assert "hf_vanilla/conversion/cli.py" in names and "hf_vanilla/conversion/bert.py" in names
+    assert {"hf_vanilla/conversion/cli.py", "hf_vanilla/conversion/flow.py", "hf_vanilla/conversion/io/reading.py",
+            "hf_vanilla/conversion/formats/bert.py"} <= set(names)
     # The engines behind from_pretrained(runtime=...): the registry names them, the wheel must carry them.
     assert {"hf_vanilla/runtime_registry.py", "hf_vanilla/export.py", "hf_vanilla/runtimes/onnxruntime/engine.py"} <= set(names)
     assert info == f"hf_vanilla-{hf_vanilla.__version__}.dist-info"  # the version is hf_vanilla.__version__

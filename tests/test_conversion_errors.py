@@ -28,10 +28,10 @@ from transformers import (
     GPT2Model,
 )
 
-from hf_vanilla.conversion import bert
-from hf_vanilla.conversion import encoder_format
+from hf_vanilla.conversion import flow
 from hf_vanilla.conversion.cli import main
-from hf_vanilla.conversion.encoder_format import EncoderFormat
+from hf_vanilla.conversion.formats import bert
+from hf_vanilla.conversion.formats.encoder import EncoderFormat
 from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from test_convert_bart import tiny_bart
 from test_convert_marian import make_marian
@@ -392,7 +392,7 @@ def test_force_keeps_the_old_output_when_interrupted(source, existing_output, mo
         raise KeyboardInterrupt
 
     before = snapshot(existing_output)
-    monkeypatch.setattr(encoder_format, "save_checkpoint", interrupted)
+    monkeypatch.setattr(flow, "save_checkpoint", interrupted)
     with pytest.raises(KeyboardInterrupt):
         main(["bert", "--source", str(source), "--output", str(existing_output), "--force", "--no-verify"])
     assert snapshot(existing_output) == before

@@ -3,7 +3,7 @@
 A hostile or careless user's findings, one test each: what `--force` may replace, an output that appears during a
 run (two real conversion processes to one output), SIGTERM/SIGHUP/SIGKILL during writing (real subprocesses,
 paused deterministically inside the write), damaged checkpoints, disk errors, the umask, shard paths that leave the
-checkpoint, and parent folders left behind. Policy: conversion/output.py and docs/errors_and_safety.md.
+checkpoint, and parent folders left behind. Policy: conversion/io/output.py and docs/errors_and_safety.md.
 """
 
 import errno
@@ -21,9 +21,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_vanilla.conversion import encoder_format
+from hf_vanilla.conversion import flow
 from hf_vanilla.conversion.cli import main
-from hf_vanilla.conversion.output import MANIFEST, OWNER, not_ours
+from hf_vanilla.conversion.formats.encoder import EncoderFormat
+from hf_vanilla.conversion.io.output import MANIFEST, OWNER, not_ours
 from test_conversion_errors import tiny_bert_dir  # noqa: F401  (the tiny BERT fixture, shared)
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -145,13 +146,13 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(workspace, capsys, mon
     """Even an empty folder (which `os.rename` would silently replace) that the user creates while the converter
     writes is left as it is, and the conversion fails."""
     output = workspace / "converted"
-    save = encoder_format.save_checkpoint
+    save = flow.save_checkpoint
 
     def save_then_user_creates_output(model, directory, *args):
         save(model, directory, *args)
         output.mkdir()
 
-    monkeypatch.setattr(encoder_format, "save_checkpoint", save_then_user_creates_output)
+    monkeypatch.setattr(flow, "save_checkpoint", save_then_user_creates_output)
     refused(capsys, ["bert", "--source", "models/bert", "--output", output, "--no-verify"],
             "appeared while this conversion ran")
     assert output.is_dir() and list(output.iterdir()) == []
@@ -188,7 +189,7 @@ sys.exit(main(sys.argv[5:]))
 """
 
 
-def start_paused(source, output, ready, go, *extra, at="hf_vanilla.conversion.encoder_format.save_checkpoint",
+def start_paused(source, output, ready, go, *extra, at="hf_vanilla.conversion.flow.save_checkpoint",
                  when="after"):
     argv = [sys.executable, "-c", PAUSED_CONVERSION, str(ready), str(go), at, when, "bert", "--source", str(source),
             "--output", str(output), "--no-verify", *extra]
@@ -251,7 +252,7 @@ def test_a_signal_while_force_swaps_outputs_puts_the_earlier_one_back(tiny_bert_
     assert convert(tiny_bert_dir, output) == 0
     before = {p.name: p.read_bytes() for p in output.iterdir()}
     process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
-                           at="hf_vanilla.conversion.output._place", when="before")
+                           at="hf_vanilla.conversion.io.output._place", when="before")
     wait_for(tmp_path / "ready", process)
     assert not output.exists()  # moved aside: the moment it could be lost
     process.send_signal(signal.SIGTERM)
@@ -268,7 +269,7 @@ def test_a_kill_during_the_swap_is_undone_by_the_next_run_which_then_tells_the_t
     assert convert(tiny_bert_dir, output) == 0
     before = tree(output)
     process = start_paused(tiny_bert_dir, output, tmp_path / "ready", tmp_path / "go", "--force",
-                           at="hf_vanilla.conversion.output._place", when="before")
+                           at="hf_vanilla.conversion.io.output._place", when="before")
     wait_for(tmp_path / "ready", process)
     process.kill()
     process.wait(timeout=300)
@@ -410,7 +411,7 @@ def read_only(model, directory, *args):
     (read_only, "out/model.safetensors: the file system is read-only: choose an --output on a writable disk"),
 ])
 def test_write_errors_are_clear(tiny_bert_dir, tmp_path, capsys, monkeypatch, fail, message):
-    monkeypatch.setattr(encoder_format, "save_checkpoint", fail)
+    monkeypatch.setattr(flow, "save_checkpoint", fail)
     output = tmp_path / "new" / "out"
     err = refused(capsys, ["bert", "--source", tiny_bert_dir, "--output", output, "--no-verify"], message)
     assert ".partial-" not in err  # the message names the output the user chose, not the hidden staging folder
@@ -468,7 +469,7 @@ def test_a_bug_is_named_as_one(tiny_bert_dir, tmp_path, capsys, monkeypatch):
     def bug(*args):
         raise TypeError("something the converter got wrong")
 
-    monkeypatch.setattr(encoder_format.EncoderFormat, "to_vanilla", bug)
+    monkeypatch.setattr(EncoderFormat, "to_vanilla", bug)
     assert main(["bert", "--source", str(tiny_bert_dir), "--output", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err == ("error: unexpected TypeError: something the converter got wrong. This is a bug in the converter: "

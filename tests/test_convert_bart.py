@@ -21,7 +21,7 @@ from transformers import (
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
 from hf_vanilla.conversion.cli import main
-from hf_vanilla.conversion.seq2seq import source_batch
+from hf_vanilla.conversion.formats.seq2seq import source_batch
 from numerics import assert_close
 
 CASES = {  # BART class -> (our Auto class, our class)

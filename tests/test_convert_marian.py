@@ -5,6 +5,7 @@ files carried over, and the checkpoint variants (saved position tables, unshared
 import json
 import shutil
 from contextlib import redirect_stdout
+from functools import partial
 from io import StringIO
 
 import pytest
@@ -14,10 +15,16 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
-from hf_vanilla.conversion.bert2bert import convert_bert2bert, convert_warm_start
+from hf_vanilla.conversion import flow
 from hf_vanilla.conversion.cli import main as cli
 from hf_vanilla.conversion.errors import ConversionError
-from hf_vanilla.conversion.marian import convert_marian, marian_config
+from hf_vanilla.conversion.formats.bert2bert import BERT2BERT, WARM_START
+from hf_vanilla.conversion.formats.marian import FORMAT as MARIAN
+from hf_vanilla.conversion.formats.marian import marian_config
+
+convert_marian = partial(flow.convert, MARIAN)
+convert_bert2bert = partial(flow.convert, BERT2BERT)
+convert_warm_start = partial(flow.convert, WARM_START)
 
 VOCAB, PAD, EOS = 320, 319, 0
 # Marian's tokenizer files; MarianTokenizer itself needs sentencepiece, so the tests feed ids and only check that
@@ -241,17 +248,17 @@ def test_to_marian_round_trip_unshared(tmp_path, capsys):
 
 
 def test_to_marian_refuses_what_marian_cannot_express(marian, tmp_path, capsys):
-    """A vanilla model of another shape (here post-LN turned pre-LN, learned positions) is refused in one line naming
-    every field, before its weights are read; nothing is written."""
+    """A vanilla model of another shape (here post-LN turned pre-LN, learned positions) is refused in one message
+    naming every field, before its weights are read; nothing is written."""
     _, converted, _, _ = marian
     shutil.copytree(converted, tmp_path / "other")
     config = json.loads((tmp_path / "other" / "config.json").read_text())
     config |= {"pre_norm": True, "position_embedding_type": "learned"}
     (tmp_path / "other" / "config.json").write_text(json.dumps(config))
     assert cli(["to-marian", "--source", str(tmp_path / "other"), "--output", str(tmp_path / "out")]) == 2
-    error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and error[0].startswith("error: This model cannot be expressed as Marian: "), error
-    assert "position_embedding_type='learned'" in error[0] and "pre_norm=True" in error[0]
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: This model cannot be expressed as Marian:\n  "), error
+    assert "position_embedding_type='learned'" in error and "pre_norm=True" in error
     assert not (tmp_path / "out").exists()
 
 
@@ -329,14 +336,14 @@ def test_tokenizer_loads_from_the_converted_folder(marian_with_tokenizer):
 def test_tokenizer_is_checked_against_the_embeddings(marian_with_tokenizer, tmp_path):
     """MarianTokenizer's length is its (shared) vocab.json: equal to vocab_size, silent; larger, refused."""
     source, _ = marian_with_tokenizer
-    _, printed = quiet(convert_marian, str(source), str(tmp_path / "same"), verify_parity=False)
+    _, printed = quiet(convert_marian, str(source), str(tmp_path / "same"), verify=False)
     assert "tokenizer" not in printed
     larger = shutil.copytree(source, tmp_path / "larger")
     vocab = json.loads((larger / "vocab.json").read_text())
     rows = len(vocab)
     (larger / "vocab.json").write_text(json.dumps(vocab | {"extra0": rows, "extra1": rows + 1}))
     with pytest.raises(ConversionError, match=rf"has {rows + 2} tokens .* the embeddings have {rows} rows"):
-        quiet(convert_marian, str(larger), str(tmp_path / "out"), verify_parity=False)
+        quiet(convert_marian, str(larger), str(tmp_path / "out"), verify=False)
     assert not (tmp_path / "out").exists()
 
 

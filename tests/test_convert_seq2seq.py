@@ -5,6 +5,7 @@ uses the real bert-base-uncased vocabulary, so that the tokenizer and the pipeli
 import json
 import shutil
 from contextlib import redirect_stdout
+from functools import partial
 from io import StringIO
 from pathlib import Path
 
@@ -23,9 +24,13 @@ from transformers import (
 )
 
 import hf_vanilla  # noqa: F401  (registers the Auto classes)
-from hf_vanilla.conversion.bert2bert import convert_bert2bert, convert_warm_start
+from hf_vanilla.conversion import flow
 from hf_vanilla.conversion.cli import main as cli
 from hf_vanilla.conversion.errors import ConversionError
+from hf_vanilla.conversion.formats.bert2bert import BERT2BERT, WARM_START
+
+convert_bert2bert = partial(flow.convert, BERT2BERT)
+convert_warm_start = partial(flow.convert, WARM_START)
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SENTENCES = [

@@ -25,7 +25,7 @@ from numerics import assert_close
 from test_accelerate import launch
 from transformers import BertConfig, BertForMaskedLM
 
-from hf_vanilla.conversion.bert import bert_to_vanilla
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.conversion.parity import verification_batch
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 

@@ -557,7 +557,7 @@ def test_pooled_heads_read_a_left_padded_row_as_transformers_bert_does():
     the classifier's bias alone, while the attention-map path gave BERT's logits."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from hf_vanilla.conversion.bert import bert_to_vanilla
+    from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 
     torch.manual_seed(0)
     bert = BertForSequenceClassification(BertConfig(
@@ -701,8 +701,8 @@ def text_batch(minilm_path):
 
 @pytest.fixture(scope="module")
 def minilm(minilm_path):
-    from hf_vanilla.conversion.bert import bert_to_vanilla
-    from hf_vanilla.conversion.reading import load_tensors, read_config
+    from hf_vanilla.conversion.formats.bert import bert_to_vanilla
+    from hf_vanilla.conversion.io.reading import load_tensors, read_config
 
     return bert_to_vanilla(load_tensors(Path(minilm_path)), read_config(Path(minilm_path)), "base")
 

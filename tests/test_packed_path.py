@@ -54,7 +54,7 @@ def model(request):
         return tiny_model()
     from transformers import BertModel
 
-    from hf_vanilla.conversion.bert import bert_to_vanilla
+    from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 
     bert = BertModel.from_pretrained(request.getfixturevalue("minilm_path"))
     return bert_to_vanilla(bert.state_dict(), bert.config.to_dict(), "base").eval()

@@ -166,7 +166,7 @@ def _converted(minilm_path):
 
     from transformers import BertModel
 
-    from hf_vanilla.conversion.bert import bert_to_vanilla
+    from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 
     if not hasattr(_converted, "path"):
         reference = BertModel.from_pretrained(minilm_path)

@@ -1,7 +1,7 @@
 """Property-based tests (hypothesis): random small configurations and random padded inputs.
 
 1. BERT parity: any small BERT (depth, width, heads, FFN width, activation, token types, epsilon), converted with
-   `hf_vanilla.conversion.bert.bert_to_vanilla`, gives every layer's hidden states within the float32 rule of
+   `hf_vanilla.conversion.formats.bert.bert_to_vanilla`, gives every layer's hidden states within the float32 rule of
    tests/numerics.py of transformers' BertModel at the real tokens of any padded batch (right, left or holed
    masks), for eager and sdpa attention.
 2. The encoder-decoder: greedy `generate` with the key/value cache equals `generate` without it; save_pretrained ->
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from numerics import assert_close
 from transformers import BertConfig, BertModel
 
-from hf_vanilla.conversion.bert import bert_to_vanilla
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
 
 # Set here rather than as a global profile, so that other test files keep their own settings.

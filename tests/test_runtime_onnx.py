@@ -56,7 +56,7 @@ from transformers import (  # noqa: E402
 
 import hf_vanilla  # noqa: E402, F401  (registers the Auto classes)
 from hf_vanilla import runtime_registry  # noqa: E402
-from hf_vanilla.conversion.marian import marian_to_vanilla  # noqa: E402
+from hf_vanilla.conversion.formats.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla.runtimes import batches, choice  # noqa: E402
 from hf_vanilla.runtimes import cache as graph_cache  # noqa: E402
 from hf_vanilla.runtimes.onnxruntime import engine  # noqa: E402

@@ -8,7 +8,7 @@ whole or not at all, and never replaces what it did not write (docs/errors_and_s
 `error:` line and exits with status 2 (1 for a bug in the converter); `--debug` adds the traceback.
 
 This module imports argparse only: `--help` and usage errors are answered without torch and transformers (seconds
-to import). Each sub-command imports its converter when it runs.
+to import). Each sub-command imports the flow (flow.py) and its format (formats/) when it runs.
 """
 
 import argparse
@@ -24,7 +24,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 ONNX_TASKS = tuple(export_tasks().values())  # hf_vanilla/heads.py declares which class exports as which task
 
 # BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion). The
-# heads are read from hf_vanilla/heads.py (import-free), which each format module is checked against on import.
+# heads are read from hf_vanilla/heads.py (import-free), which each format (formats/) is checked against on import.
 # tests/test_cli.py checks the model types against the converters' own tables.
 ENCODER_FORMATS = {
     "bert": ("BERT", converter_heads("bert"), ("bert",)),
@@ -34,9 +34,14 @@ ENCODER_FORMATS = {
 }
 
 
-def _converter(name: str):
-    """A converter module, imported when its sub-command runs (it imports torch, transformers and hf_vanilla)."""
-    return importlib.import_module(f".{name}", __package__)
+def _flow():
+    """The conversion flow, imported when a sub-command runs (it imports torch, transformers and hf_vanilla)."""
+    return importlib.import_module(".flow", __package__)
+
+
+def _format(module: str, name: str = "FORMAT"):
+    """A format's data (formats/), imported when its sub-command runs."""
+    return getattr(importlib.import_module(f".formats.{module}", __package__), name)
 
 
 def _io_arguments(parser, source_help: str, force_help: str = "replace an earlier output of this converter once "
@@ -56,8 +61,8 @@ def _encoder_commands(subparsers, name: str, title: str, heads: tuple, model_typ
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help=f"skip the layer-by-layer comparison with transformers' {title}")
-    parser.set_defaults(run=lambda a: _converter(name).FORMAT.convert(a.source, a.output, a.head, a.dtype, a.force,
-                                                                      a.verify, command=a.command))
+    parser.set_defaults(run=lambda a: _flow().convert(_format(name), a.source, a.output, a.dtype, a.force, a.verify,
+                                                      a.command, head=a.head))
 
     parser = subparsers.add_parser(f"to-{name}", help=f"a vanilla encoder checkpoint -> a transformers {title} "
                                                       f"checkpoint")
@@ -67,8 +72,8 @@ def _encoder_commands(subparsers, name: str, title: str, heads: tuple, model_typ
     parser.add_argument("--model-type", default=model_types[0], choices=model_types, help="the model_type to write")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help=f"skip loading the written {title} with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: _converter(name).FORMAT.to_source(a.source, a.output, a.force, a.dtype,
-                                                                        a.model_type, a.verify))
+    parser.set_defaults(run=lambda a: _flow().to_source(_format(name), a.source, a.output, a.force, a.verify, a.dtype,
+                                                        model_type=a.model_type))
 
 
 def _seq2seq_commands(subparsers) -> None:
@@ -85,19 +90,20 @@ def _seq2seq_commands(subparsers) -> None:
     parser.add_argument("--decoder-start-token-id", type=int, default=None,
                         help="first decoder token; default the tokenizer's [CLS]")
     parser.add_argument("--eos-token-id", type=int, default=None, help="end of a target; default the tokenizer's [SEP]")
-    parser.set_defaults(run=lambda a: _converter("bert2bert").convert_warm_start(
-        a.source, a.output, a.dtype, a.force, a.verify, a.seed, a.decoder_start_token_id, a.eos_token_id, a.command))
+    parser.set_defaults(run=lambda a: _flow().convert(
+        _format("bert2bert", "WARM_START"), a.source, a.output, a.dtype, a.force, a.verify, a.command, seed=a.seed,
+        decoder_start_token_id=a.decoder_start_token_id, eos_token_id=a.eos_token_id))
 
     parser = subparsers.add_parser("bert2bert",
                                    help="a transformers EncoderDecoderModel (BERT encoder + BERT decoder) -> vanilla")
     common(parser, "Hub id or local EncoderDecoderModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("bert2bert").convert_bert2bert(a.source, a.output, a.dtype, a.force,
-                                                                              a.verify, a.command))
+    parser.set_defaults(run=lambda a: _flow().convert(_format("bert2bert", "BERT2BERT"), a.source, a.output, a.dtype,
+                                                      a.force, a.verify, a.command))
 
     parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
     common(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("marian").FORMAT.convert(a.source, a.output, a.dtype, a.force,
-                                                                           a.verify, a.command))
+    parser.set_defaults(run=lambda a: _flow().convert(_format("marian"), a.source, a.output, a.dtype, a.force,
+                                                      a.verify, a.command))
 
     parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a "
                                                      "transformers MarianMTModel")
@@ -105,20 +111,20 @@ def _seq2seq_commands(subparsers) -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written MarianMTModel with transformers and comparing it with the "
                              "source")
-    parser.set_defaults(run=lambda a: _converter("marian").FORMAT.to_source(a.source, a.output, a.force, a.verify))
+    parser.set_defaults(run=lambda a: _flow().to_source(_format("marian"), a.source, a.output, a.force, a.verify))
 
     parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "
                                                 "its vanilla counterpart")
     common(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")
-    parser.set_defaults(run=lambda a: _converter("bart").FORMAT.convert(a.source, a.output, a.dtype, a.force, a.verify,
-                                                                 a.command))
+    parser.set_defaults(run=lambda a: _flow().convert(_format("bart"), a.source, a.output, a.dtype, a.force, a.verify,
+                                                      a.command))
 
     parser = subparsers.add_parser("to-bart", help="a vanilla encoder-decoder (or decoder alone) -> the transformers "
                                                    "BART class of the same head")
     _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip loading the written BART with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: _converter("bart").FORMAT.to_source(a.source, a.output, a.force, a.verify))
+    parser.set_defaults(run=lambda a: _flow().to_source(_format("bart"), a.source, a.output, a.force, a.verify))
 
 
 def _onnx_command(subparsers) -> None:
@@ -130,7 +136,8 @@ def _onnx_command(subparsers) -> None:
                   force_help="replace an earlier output of this converter once the export succeeds")
     parser.add_argument("--task", default="auto", choices=["auto", *ONNX_TASKS],
                         help="which model and outputs to export; auto follows the checkpoint's `architectures`")
-    parser.set_defaults(run=lambda a: _converter("onnx_export").convert(a.source, a.output, a.task, a.force))
+    parser.set_defaults(run=lambda a: importlib.import_module(".onnx_export", __package__).convert(
+        a.source, a.output, a.task, a.force))
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

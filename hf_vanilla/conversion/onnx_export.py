@@ -26,11 +26,11 @@ from .. import modeling_vanilla
 from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
 from ..heads import export_tasks
 from .errors import ConversionError
+from .io.output import atomic_output
+from .io.reading import load_tensors, read_config, read_generation_config, require_model_type, resolve_source
+from .io.writing import TOKENIZER_FILES, copy_side_files
 from .mapping import check_layer_counts, vanilla_layer_counts
-from .output import atomic_output
 from .parity import check, require_parity, rule, verification_batch
-from .reading import load_tensors, read_config, read_generation_config, require_model_type, resolve_source
-from .writing import TOKENIZER_FILES, copy_side_files
 
 # Which class exports as which task is declared once, in hf_vanilla/heads.py (`export_task`): class name -> task.
 ARCHITECTURE_TASKS = export_tasks()

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from .errors import ConversionError
-from .reading import read_generation_config
+from .io.reading import read_generation_config
 
 TOLERANCE = {
     torch.float64: 1e-12,

@@ -2,17 +2,17 @@
 
 `python -m conversion marian` maps a transformers `MarianMTModel` into `VanillaSeq2SeqForConditionalGeneration`;
 `python -m conversion to-marian` maps it back. Both read one key table (`marian_table`, the reverse right to left),
-so the round trip returns every tensor bit for bit; the flow is seq2seq_format.py's, `FORMAT` below is the data.
+so the round trip returns every tensor bit for bit; `FORMAT` below is the data, and the flow is conversion/flow.py.
 Marian is the paper's model with three choices of its own: swish, sinusoids stored sines-then-cosines
 ("concatenated"), and a final logits bias (our output projection's bias). Its layers carry fairseq's names, as BART's
-do (seq2seq.py holds that table).
+do (fairseq.py holds that table).
 """
 
-from ..configuration_vanilla import VanillaSeq2SeqConfig
-from ..modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
-from .errors import ConversionError
-from .seq2seq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers
-from .seq2seq_format import Seq2SeqFormat, Seq2SeqHead
+from ...configuration_vanilla import VanillaSeq2SeqConfig
+from ...modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
+from ..errors import ConversionError
+from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers
+from .seq2seq import Seq2SeqFormat, Seq2SeqHead
 
 MARIAN = "MarianMTModel"  # the one class: Marian converts no other head
 
@@ -46,7 +46,7 @@ def marian_config(marian: dict) -> VanillaSeq2SeqConfig:
 
 def check_position_tables(tensors: dict, config: VanillaSeq2SeqConfig) -> None:
     """Older checkpoints saved the sinusoids; ours are recomputed, so a saved table must be the same one."""
-    from ..transformer import sinusoidal_position_table
+    from ...transformer import sinusoidal_position_table
 
     for stack in ("encoder", "decoder"):
         saved = tensors.get(f"model.{stack}.embed_positions.weight")
@@ -71,19 +71,25 @@ def prepare(tensors: dict, config: VanillaSeq2SeqConfig) -> dict:
 # ---- vanilla -> Marian ----------------------------------------------------------------------------------------------
 
 
+def required(config: VanillaSeq2SeqConfig) -> dict:
+    """What Marian computes with one value only (any other it would silently compute as something else)."""
+    return {
+        "position_embedding_type": ("sinusoidal", "Marian's positions are sinusoids"),
+        "sinusoidal_layout": ("concatenated", "Marian stores sines then cosines"),
+        "position_offset": (0, "Marian numbers positions from 0"),
+        "embedding_layer_norm": (False, "Marian does not LayerNorm its embeddings"),
+        "pre_norm": (False, "Marian normalises after each residual sum (post-LN)"),
+        "type_vocab_size": (0, "Marian has no token types"),
+        "lm_head_transform": (False, "Marian's output projection has no transform"),
+        "layer_norm_eps": (1e-5, "Marian's LayerNorms use torch's default epsilon"),
+        "embedding_size": (config.hidden_size, "Marian embeds at the model width"),
+    }
+
+
 def marian_config_for(config: VanillaSeq2SeqConfig):
-    """Ours -> MarianConfig, refusing what Marian cannot express (it would silently compute something else), every
-    such field named at once."""
+    """Ours -> MarianConfig (`required` has refused what Marian cannot express)."""
     from transformers import MarianConfig
 
-    refusals = [f"{field}={getattr(config, field)!r} (Marian needs {value!r})" for field, value in (
-        ("position_embedding_type", "sinusoidal"), ("sinusoidal_layout", "concatenated"), ("position_offset", 0),
-        ("embedding_layer_norm", False), ("pre_norm", False), ("type_vocab_size", 0), ("lm_head_transform", False),
-        ("layer_norm_eps", 1e-5), ("embedding_size", config.hidden_size),
-    ) if getattr(config, field) != value]
-    if refusals:  # every field at once, so that one look says whether the model has a Marian form at all
-        raise ConversionError(f"This model cannot be expressed as Marian: {'; '.join(refusals)}. to-marian converts "
-                              f"models converted from Marian (python -m conversion marian) and models of its shape.")
     return MarianConfig(
         **fairseq_fields(config), decoder_vocab_size=config.vocab_size,
         max_position_embeddings=config.max_position_embeddings,
@@ -131,13 +137,12 @@ FORMAT = Seq2SeqFormat(
     prepare=prepare,
     embeddings=lambda tensors, config, head: fairseq_embeddings(tensors, config),
     dropped=lambda config, head: MARIAN_DROPPED,
+    required=lambda config, head: required(config),
     source_config=lambda config, head: marian_config_for(config),
     source_embeddings=marian_embeddings,
+    reverse_hint="to-marian converts models converted from Marian (python -m conversion marian) and models of its "
+                 "shape.",
 )
-
-# The format's machinery under the names the command line, benchmarks/ and tests/ call it by.
-convert_marian = FORMAT.convert
-to_marian = FORMAT.to_source
 
 
 def marian_to_vanilla(tensors: dict, marian: dict):

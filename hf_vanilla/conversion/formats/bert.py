@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from transformers import BertConfig
 
-from ..configuration_vanilla import VanillaEncoderConfig
-from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
+from ...configuration_vanilla import VanillaEncoderConfig
+from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT module -> ours, within the base model (BERT's `bert.` prefix and our `model.` prefix are added for heads).
 ENCODER_TABLE = (
@@ -94,6 +94,5 @@ FORMAT = EncoderFormat(
                  "`warm-start`.",
 )
 
-# The format's machinery under the names benchmarks/ and tests/ call it by.
-convert = FORMAT.convert
+# In memory, without the flow (benchmarks/ and tests/ call it by this name): tensors and config -> our model.
 bert_to_vanilla = FORMAT.to_vanilla

@@ -9,24 +9,24 @@ Two sub-commands:
 BERT layers map through `bert.ENCODER_TABLE`, used for both stacks; the decoder adds cross-attention. Every
 conversion is checked against the transformers model it came from (`seq2seq.verify_seq2seq`): every hidden state and
 the logits on a padded batch by the parity rule, and for trained models the token sequences of greedy and beam-search
-`generate()`.
+`generate()`. `BERT2BERT` and `WARM_START` are the two formats' steps, which the one flow (conversion/flow.py) runs.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..configuration_vanilla import VanillaSeq2SeqConfig
-from ..modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
+from ...configuration_vanilla import VanillaSeq2SeqConfig
+from ...modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
+from ..building import build_model
+from ..errors import ConversionError
+from ..io.reading import load_tensors
+from ..mapping import check_layer_counts, expand_table, map_tensors, normalise_keys, untie
+from ..parity import check, reference_model, rule, verification_batch
 from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
-from .building import build_model
-from .errors import ConversionError
-from .mapping import check_layer_counts, expand_table, map_tensors, normalise_keys, untie
-from .parity import check, reference_model, rule, verification_batch
-from .reading import load_tensors, read_config, read_source, require_model_type, resolve_source
-from .seq2seq import generation_ids, save_seq2seq, verifier, verify_seq2seq, with_generation_config
-from .writing import write_conversion
+from .seq2seq import copy_tokenizer, generation_ids, verify_against, verify_seq2seq, with_generation_config
 
 # ---- BERT stacks ------------------------------------------------------------------------------------------------
 
@@ -140,9 +140,8 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
 # ---- bert2bert ----------------------------------------------------------------------------------------------------
 
 
-def read_bert2bert_config(source_dir: Path) -> dict:
-    config = read_config(source_dir)
-    require_model_type(config, ("encoder-decoder",), "bert2bert", source_dir)
+def require_bert_sides(source_dir: Path, config: dict) -> None:
+    """An `EncoderDecoderModel` converts when both its sides are BERTs and its decoder has cross-attention."""
     for side in ("encoder", "decoder"):
         model_type = config.get(side, {}).get("model_type")
         if model_type != "bert":
@@ -152,7 +151,6 @@ def read_bert2bert_config(source_dir: Path) -> dict:
             )
     if not config["decoder"].get("add_cross_attention"):
         raise ConversionError(f"{source_dir}: the decoder BERT has no cross-attention (add_cross_attention is false).")
-    return config
 
 
 def fill_tied_decoder(tensors: dict) -> list[str]:
@@ -167,32 +165,59 @@ def fill_tied_decoder(tensors: dict) -> list[str]:
     return filled
 
 
-def convert_bert2bert(source: str, output: str, dtype: str = "float32", force: bool = False,
-                      verify_parity: bool = True, command: str | None = None) -> Path:
-    source_dir = resolve_source(source)
-    config = read_bert2bert_config(source_dir)
-    ids = generation_ids(source_dir, config)
-    tensors = load_tensors(source_dir)
-    tie_encoder_decoder = bool(config.get("tie_encoder_decoder", False))
-    filled = fill_tied_decoder(tensors) if tie_encoder_decoder else []
-    if filled:
-        print(f"tie_encoder_decoder: the decoder shares the encoder's weights; copied {len(filled)} tensors into it.")
-    vanilla = bert_seq2seq_config(config["encoder"], config["decoder"], ids["decoder_start_token_id"],
-                                  ids["eos_token_id"], ids["bos_token_id"],
-                                  # One shared matrix needs the output tied too; else equal copies serve as well.
-                                  share_embeddings=tie_encoder_decoder
-                                  and config["decoder"].get("tie_word_embeddings", True))
-    return write_conversion(
-        output, force, source, source_dir,
-        build=lambda: with_generation_config(bert2bert_tensors_to_vanilla(
-            tensors, vanilla, vanilla.tie_word_embeddings, f"{source_dir}/config.json"), source_dir, ids),
-        # `tensors` holds the decoder's filled-in copies too: transformers 5 no longer ties encoder and decoder.
-        verify=verifier("EncoderDecoderModel", tensors, source_dir, with_token_types=True) if verify_parity else None,
-        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer"),
-        title=f"{Path(source).name} as a vanilla encoder-decoder",
-        command=command or f"hf-vanilla bert2bert --source {source} --output {output}",
-        dtype=dtype,
-    )
+@dataclass(frozen=True)
+class Bert2BertSource:
+    """An `EncoderDecoderModel` as `Bert2Bert.read` found it: its tensors (the decoder's filled-in copies too:
+    transformers 5 no longer ties encoder and decoder), our config for it, and its generation ids."""
+
+    directory: Path
+    tensors: dict
+    config: VanillaSeq2SeqConfig
+    ids: dict
+
+
+class Bert2Bert:
+    """`bert2bert`: a transformers `EncoderDecoderModel` of two BERTs -> ours; the steps flow.convert runs."""
+
+    name, model_types = "bert2bert", ("encoder-decoder",)
+
+    @staticmethod
+    def read(source_dir: Path, config: dict) -> Bert2BertSource:
+        require_bert_sides(source_dir, config)
+        ids = generation_ids(source_dir, config)
+        tensors = load_tensors(source_dir)
+        tie_encoder_decoder = bool(config.get("tie_encoder_decoder", False))
+        filled = fill_tied_decoder(tensors) if tie_encoder_decoder else []
+        if filled:
+            print(f"tie_encoder_decoder: the decoder shares the encoder's weights; copied {len(filled)} tensors into "
+                  f"it.")
+        vanilla = bert_seq2seq_config(config["encoder"], config["decoder"], ids["decoder_start_token_id"],
+                                      ids["eos_token_id"], ids["bos_token_id"],
+                                      # One shared matrix needs the output tied too; else equal copies serve as well.
+                                      share_embeddings=tie_encoder_decoder
+                                      and config["decoder"].get("tie_word_embeddings", True))
+        return Bert2BertSource(source_dir, tensors, vanilla, ids)
+
+    @staticmethod
+    def build(source: Bert2BertSource):
+        model = bert2bert_tensors_to_vanilla(source.tensors, source.config, source.config.tie_word_embeddings,
+                                             f"{source.directory}/config.json")
+        return with_generation_config(model, source.directory, source.ids)
+
+    @staticmethod
+    def verify(source: Bert2BertSource, model) -> tuple[bool, str]:
+        return verify_against("EncoderDecoderModel", source.tensors, source.directory, model, with_token_types=True)
+
+    @staticmethod
+    def side_files(source: Bert2BertSource, directory: Path) -> None:
+        copy_tokenizer(source.directory, directory, "BertTokenizer")
+
+    @staticmethod
+    def card(source: Bert2BertSource, name: str) -> tuple[str, str]:
+        return f"{Path(name).name} as a vanilla encoder-decoder", ""
+
+
+BERT2BERT = Bert2Bert()
 
 
 # ---- warm-start -------------------------------------------------------------------------------------------------
@@ -280,40 +305,70 @@ def warm_start_tensors(bert_tensors: dict, bert_config: dict, seed: int) -> tupl
     return tensors, has_head
 
 
-def convert_warm_start(source: str, output: str, dtype: str = "float32", force: bool = False,
-                       verify_parity: bool = True, seed: int = 0, decoder_start_token_id: int | None = None,
-                       eos_token_id: int | None = None, command: str | None = None) -> Path:
-    source_dir, bert_config = read_source(source, ("bert",), "warm-start")
-    start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
-    bert_tensors = load_tensors(source_dir)
-    encoder_config = {k: v for k, v in bert_config.items() if k not in ("is_decoder", "add_cross_attention")}
-    decoder_config = encoder_config | {"is_decoder": True, "add_cross_attention": True}
-    pad = bert_config.get("pad_token_id", 0)
-    # The sizes are checked before any fresh tensor is made for them.
-    config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
-    check_layer_counts(normalise_keys(bert_tensors, "bert."), [(BERT_LAYERS, "num_hidden_layers",
-                                                                config.num_hidden_layers)], f"{source_dir}/config.json")
-    tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
-    print("Decoder LM head: " + ("BERT's masked-LM head." if has_head else
-          "the source has no masked-LM head: transform freshly initialised, output bias zero, output weights tied to "
-          "the decoder's word embeddings."))
-    print(f"Cross-attention: freshly initialised (N(0, {bert_config.get('initializer_range', 0.02)}), seed {seed}).")
-    ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
-    return write_conversion(
-        output, force, source, source_dir,
-        build=lambda: with_generation_config(
-            bert2bert_tensors_to_vanilla(tensors, config, tie_word_embeddings=True), None, ids,
-            ids_from=f"warm-start (--decoder-start-token-id and --eos-token-id, else the tokenizer's [CLS] and "
-                     f"[SEP]; pad_token_id from {source_dir}/config.json)"),
-        verify=(lambda model: verify_warm_start(source_dir, bert_tensors, model, tensors, encoder_config,
-                                                decoder_config, ids)) if verify_parity else None,
-        save=lambda model, directory: save_seq2seq(model, directory, source_dir, "BertTokenizer",
-                                                   copy_generation_config=False),
-        title=f"bert2bert warm-started from {Path(source).name}",
-        command=command or f"hf-vanilla warm-start --source {source} --output {output}",
-        notes="Cross-attention is freshly initialised: fine-tune before use.",
-        dtype=dtype,
-    )
+@dataclass(frozen=True)
+class WarmStartSource:
+    """A BERT as `WarmStart.read` found it: its own tensors (the encoder's reference), those of the
+    `EncoderDecoderModel` warm-started from it (fresh cross-attention), the two BERT configs, ours, and the ids."""
+
+    directory: Path
+    bert_tensors: dict
+    tensors: dict
+    encoder_config: dict
+    decoder_config: dict
+    config: VanillaSeq2SeqConfig
+    ids: dict
+
+
+class WarmStart:
+    """`warm-start`: one BERT -> both stacks of ours, cross-attention fresh; the steps flow.convert runs."""
+
+    name, model_types = "warm-start", ("bert",)
+
+    @staticmethod
+    def read(source_dir: Path, bert_config: dict, seed: int = 0, decoder_start_token_id: int | None = None,
+             eos_token_id: int | None = None) -> WarmStartSource:
+        start, eos = special_ids(source_dir, decoder_start_token_id, eos_token_id)
+        bert_tensors = load_tensors(source_dir)
+        encoder_config = {k: v for k, v in bert_config.items() if k not in ("is_decoder", "add_cross_attention")}
+        decoder_config = encoder_config | {"is_decoder": True, "add_cross_attention": True}
+        pad = bert_config.get("pad_token_id", 0)
+        # The sizes are checked before any fresh tensor is made for them.
+        config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
+        check_layer_counts(normalise_keys(bert_tensors, "bert."), [(BERT_LAYERS, "num_hidden_layers",
+                                                                    config.num_hidden_layers)],
+                           f"{source_dir}/config.json")
+        tensors, has_head = warm_start_tensors(bert_tensors, bert_config, seed)
+        print("Decoder LM head: " + ("BERT's masked-LM head." if has_head else
+              "the source has no masked-LM head: transform freshly initialised, output bias zero, output weights tied "
+              "to the decoder's word embeddings."))
+        print(f"Cross-attention: freshly initialised (N(0, {bert_config.get('initializer_range', 0.02)}), seed "
+              f"{seed}).")
+        ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
+        return WarmStartSource(source_dir, bert_tensors, tensors, encoder_config, decoder_config, config, ids)
+
+    @staticmethod
+    def build(source: WarmStartSource):
+        model = bert2bert_tensors_to_vanilla(source.tensors, source.config, tie_word_embeddings=True)
+        return with_generation_config(model, None, source.ids, ids_from=(
+            f"warm-start (--decoder-start-token-id and --eos-token-id, else the tokenizer's [CLS] and [SEP]; "
+            f"pad_token_id from {source.directory}/config.json)"))
+
+    @staticmethod
+    def verify(source: WarmStartSource, model) -> tuple[bool, str]:
+        return verify_warm_start(source.directory, source.bert_tensors, model, source.tensors,
+                                 source.encoder_config, source.decoder_config, source.ids)
+
+    @staticmethod
+    def side_files(source: WarmStartSource, directory: Path) -> None:
+        copy_tokenizer(source.directory, directory, "BertTokenizer", copy_generation_config=False)
+
+    @staticmethod
+    def card(source: WarmStartSource, name: str) -> tuple[str, str]:
+        return (f"bert2bert warm-started from {Path(name).name}",
+                "Cross-attention is freshly initialised: fine-tune before use.")
+
+
+WARM_START = WarmStart()
 
 
 def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict, encoder_config: dict,

@@ -3,23 +3,23 @@
 BART (Lewis et al., 2020, https://arxiv.org/abs/1910.13461) is the paper's encoder-decoder with BERT's habits: GELU,
 learned positions (numbered from 2, after fairseq's padding index), and a LayerNorm on the summed embeddings.
 `python -m conversion bart` maps each BART class into its vanilla counterpart; `to-bart` maps it back. Both read one
-key table (fairseq's layer table, which Marian shares: seq2seq.py, plus its embeddings), the reverse right to left, so
-the round trip returns every tensor bit for bit. The flow is seq2seq_format.py's, `FORMAT` below the data.
+key table (fairseq's layer table, which Marian shares: fairseq.py, plus its embeddings), the reverse right to left,
+so the round trip returns every tensor bit for bit. `FORMAT` below is the data; the flow is conversion/flow.py.
 """
 
 import torch
 
-from ..configuration_vanilla import VanillaSeq2SeqConfig
-from ..modeling_vanilla import (
+from ...configuration_vanilla import VanillaSeq2SeqConfig
+from ...modeling_vanilla import (
     VanillaDecoderForCausalLM,
     VanillaSeq2SeqForConditionalGeneration,
     VanillaSeq2SeqForQuestionAnswering,
     VanillaSeq2SeqForSequenceClassification,
     VanillaSeq2SeqModel,
 )
-from .errors import ConversionError
-from .seq2seq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers
-from .seq2seq_format import Seq2SeqFormat, Seq2SeqHead
+from ..errors import ConversionError
+from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers
+from .seq2seq import Seq2SeqFormat, Seq2SeqHead
 
 POSITION_OFFSET = 2  # BART numbers positions from padding_idx + 1, as fairseq did
 
@@ -98,19 +98,28 @@ def prepare(tensors: dict, config: VanillaSeq2SeqConfig) -> dict:
 # ---- vanilla -> BART ----------------------------------------------------------------------------------------------
 
 
+def required(config: VanillaSeq2SeqConfig, head: str) -> dict:
+    """What BART computes with one value only (any other it would silently compute as something else)."""
+    needed = {
+        "position_embedding_type": ("learned", "BART learns its positions"),
+        "position_offset": (POSITION_OFFSET, "BART numbers positions from padding_idx + 1"),
+        "embedding_layer_norm": (True, "BART LayerNorms the summed embeddings"),
+        "pre_norm": (False, "BART normalises after each residual sum (post-LN)"),
+        "type_vocab_size": (0, "BART has no token types"),
+        "lm_head_transform": (False, "BART's output projection has no transform"),
+        "layer_norm_eps": (1e-5, "BART's LayerNorms use torch's default epsilon"),
+        "embedding_size": (config.hidden_size, "BART embeds at the model width"),
+        "tie_word_embeddings": (True, "BART's output projection is its token embeddings"),
+    }
+    if head != "BartForCausalLM":
+        needed["share_encoder_decoder_embeddings"] = (bool, "BART embeds source and target with one matrix")
+    return needed
+
+
 def bart_config_for(config: VanillaSeq2SeqConfig, head: str):
-    """Ours -> BartConfig, refusing what BART cannot express (it would silently compute something else)."""
+    """Ours -> BartConfig (`required` has refused what BART cannot express)."""
     from transformers import BartConfig
 
-    refusals = [f"{field}={getattr(config, field)!r} (BART needs {value!r})" for field, value in (
-        ("position_embedding_type", "learned"), ("position_offset", POSITION_OFFSET), ("embedding_layer_norm", True),
-        ("pre_norm", False), ("type_vocab_size", 0), ("lm_head_transform", False), ("layer_norm_eps", 1e-5),
-        ("embedding_size", config.hidden_size), ("tie_word_embeddings", True),
-    ) if getattr(config, field) != value]
-    if head != "BartForCausalLM" and not config.share_encoder_decoder_embeddings:
-        refusals.append("share_encoder_decoder_embeddings=False (BART embeds source and target with one matrix)")
-    if refusals:
-        raise ConversionError("This model cannot be expressed as BART:\n  " + "\n  ".join(refusals))
     return BartConfig(
         **fairseq_fields(config), max_position_embeddings=config.max_position_embeddings - POSITION_OFFSET,
         id2label=config.id2label, label2id=config.label2id,
@@ -153,6 +162,7 @@ FORMAT = Seq2SeqFormat(
     prepare=prepare,
     embeddings=token_embeddings,
     dropped=unused_cross_attention,
+    required=required,
     source_config=bart_config_for,
     source_embeddings=bart_embeddings,
 )

@@ -20,9 +20,9 @@ RoBERTa's sequence-classification head (dense + tanh + out_proj on <s>, no poole
 refused; the encoder of such a checkpoint converts with `--head base`.
 """
 
-from ..configuration_vanilla import VanillaEncoderConfig
+from ...configuration_vanilla import VanillaEncoderConfig
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
+from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
 
 HEADS = {
     "base": BASE_HEAD,

@@ -1,7 +1,7 @@
-"""Writing a converted model: how every conversion ends, inside `atomic_output` (output.py), so that nothing is
-written unless every step passes: the model cast to the saved dtype (refused if a weight overflows it), saved with a
-full `auto_map` and our code files, the source's tokenizer and side files copied next to it, and a model card that
-records the command and the parity summary. The reverse conversions (vanilla -> transformers) end here too.
+"""Writing a converted model, the last step of the flow (conversion/flow.py), inside `atomic_output` (output.py):
+the model cast to the saved dtype (refused if a weight overflows it), saved with a full `auto_map` and our code
+files, the source's tokenizer and side files copied next to it, and a model card that records the command and the
+parity summary.
 """
 
 import json
@@ -10,11 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..auto import AUTO_CLASSES
-from .errors import ConversionError
-from .output import atomic_output
-from .parity import require_parity
-from .reading import all_finite, check_tokenizer
+from ...auto import AUTO_CLASSES
+from ..errors import ConversionError
+from .reading import all_finite
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -27,32 +25,6 @@ TOKENIZER_FILES = (
 )
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 SENTENCE_TRANSFORMERS_DIRS = ("1_Pooling", "2_Normalize", "2_Dense", "3_Normalize")
-
-
-def write_conversion(output: str, force: bool, source: str, source_dir: Path, build, verify, save, title: str,
-                     command: str, notes: str = "", dtype: str = "float32") -> Path:
-    """How every source -> vanilla converter ends, inside `atomic_output` (so nothing is written unless every step
-    passes): `build()` the model, check the source's tokenizer against its vocabulary, `verify(model)` -> (ok,
-    summary) in float32 unless `verify` is None (--no-verify), cast it to `dtype` (`cast_for_saving`) and, for a half
-    precision, `verify` it again as it will be saved, `save(model, directory)`, and a model card that records
-    `command`, the parity summaries and `notes`. The float32 check compares the conversion exactly; the second what is
-    written, in the dtype it runs in."""
-    with atomic_output(output, force, sources=(source_dir,)) as staging:
-        model = build()
-        check_tokenizer(source_dir, model.config.vocab_size)
-        parity = "Not verified (--no-verify)."
-        if verify is not None:
-            ok, parity = verify(model.float())
-            require_parity(ok, parity)
-        cast_for_saving(model, dtype)
-        if verify is not None and dtype != "float32":
-            print(f"Verifying the model as saved, in {dtype}:")
-            ok, saved = verify(model)
-            require_parity(ok, saved)
-            parity = f"{parity}\n\nAs saved ({dtype}): {saved}"
-        save(model, staging)
-        write_model_card(staging, title, source, command, f"{parity}\n\n{notes}".strip())
-    return Path(output)
 
 
 def cast_for_saving(model, dtype: str) -> None:
@@ -68,9 +40,9 @@ def cast_for_saving(model, dtype: str) -> None:
         )
 
 
-def save_checkpoint(model, directory: Path, source_dir: Path | None) -> None:
-    """Save weights (safetensors, in the model's dtype: `cast_for_saving`), config with a full `auto_map`, our code
-    files for `trust_remote_code`, and the source's tokenizer and sentence-transformers files."""
+def save_checkpoint(model, directory: Path) -> None:
+    """Save weights (safetensors, in the model's dtype: `cast_for_saving`), config with a full `auto_map`, and our
+    code files for `trust_remote_code`. The source's side files follow (`copy_side_files`)."""
     config_class = type(model.config)
     auto_map = {"AutoConfig": f"configuration_vanilla.{config_class.__name__}"}
     for auto_class, model_class in AUTO_CLASSES[config_class].items():
@@ -83,8 +55,6 @@ def save_checkpoint(model, directory: Path, source_dir: Path | None) -> None:
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if source_dir is not None:
-        copy_side_files(source_dir, directory)
 
 
 def copy_side_files(source_dir: Path, directory: Path, names=TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES,
@@ -114,17 +84,3 @@ def write_model_card(directory: Path, title: str, source: str, command: str, par
         f"model = AutoModel.from_pretrained(PATH)\n# or, without hf_vanilla installed (runs the code files saved "
         f"here):\nmodel = AutoModel.from_pretrained(PATH, trust_remote_code=True)\n```\n"
     )
-
-
-def write_source_format(output: str, force: bool, source_dir: Path, model, verify=None) -> Path:
-    """How every vanilla -> transformers converter ends: the source's tokenizer checked against the model's
-    vocabulary, then inside `atomic_output` (whose `sources` guard keeps the source out of reach): the model saved
-    with transformers, the source's tokenizer and side files copied, and `verify(directory)` -> (ok, summary) run on
-    the written folder unless `verify` is None (--no-verify)."""
-    check_tokenizer(source_dir, model.config.vocab_size)
-    with atomic_output(output, force, sources=(source_dir,)) as staging:
-        model.save_pretrained(staging)
-        copy_side_files(source_dir, staging)
-        if verify is not None:
-            require_parity(*verify(staging))
-    return Path(output)

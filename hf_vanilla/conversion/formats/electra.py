@@ -18,10 +18,10 @@ ELECTRA's sequence-classification head (dense + GELU + out_proj on [CLS]) has no
 the encoder of such a checkpoint converts with `--head base`.
 """
 
-from ..configuration_vanilla import VanillaEncoderConfig
+from ...configuration_vanilla import VanillaEncoderConfig
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
-from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head, require_gelu_lm_head
+from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head, require_gelu_lm_head
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
 ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (

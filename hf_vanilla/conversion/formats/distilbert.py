@@ -16,9 +16,9 @@ and is refused; the encoder of such a checkpoint converts with `--head base`. It
 without the extra training-time dropout `qa_dropout` (the outputs are the same).
 """
 
-from ..configuration_vanilla import VanillaEncoderConfig
-from .encoder_format import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head
-from .errors import ConversionError
+from ...configuration_vanilla import VanillaEncoderConfig
+from ..errors import ConversionError
+from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head
 
 # DistilBERT module -> ours, within the base model.
 ENCODER_TABLE = (

@@ -1,5 +1,7 @@
-"""BERT-family encoders: one flow for BERT, RoBERTa, DistilBERT and ELECTRA, each of which fills in an
-`EncoderFormat` (bert.py, roberta.py, distilbert.py, electra.py)."""
+"""BERT-family encoders as data: BERT, RoBERTa, DistilBERT and ELECTRA each fill in an `EncoderFormat` (bert.py,
+roberta.py, distilbert.py, electra.py), whose methods are the steps the one flow (conversion/flow.py) asks a format
+for, written once for the family: its key tables expanded and inverted, its config mapped and refused, its
+layer-by-layer comparison."""
 
 from dataclasses import dataclass, field
 from functools import partial
@@ -7,23 +9,15 @@ from pathlib import Path
 
 import torch
 
-from .. import modeling_vanilla
-from ..configuration_vanilla import VanillaEncoderConfig
-from ..heads import class_for_head, converter_heads
-from .building import build_model
-from .errors import ConversionError
-from .mapping import (
-    check_layer_counts,
-    expand_table,
-    map_tensors,
-    normalise_keys,
-    source_namer,
-    untie,
-    vanilla_layer_counts,
-)
-from .parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
-from .reading import load_tensors, read_source
-from .writing import cast_for_saving, save_checkpoint, write_conversion, write_source_format
+from ... import modeling_vanilla
+from ...configuration_vanilla import VanillaEncoderConfig
+from ...heads import class_for_head, converter_heads
+from ..building import build_model
+from ..errors import ConversionError
+from ..io.reading import load_tensors
+from ..io.writing import copy_side_files
+from ..mapping import check_layer_counts, expand_table, map_tensors, normalise_keys, source_namer, untie
+from ..parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
 
 
 def require_encoder(source_config: dict, title: str, decoder_hint: str = "only encoders convert.",
@@ -119,9 +113,9 @@ UNCONVERTED_CLASSES = {
 
 @dataclass(frozen=True)
 class EncoderFormat:
-    """A BERT-family source format as data; the methods convert it to a vanilla encoder and back, and check parity.
+    """A BERT-family source format as data; the methods are the steps flow.py runs, both ways, and check parity.
 
-    A format module (conversion/bert.py, roberta.py, distilbert.py, electra.py) fills one in: its key tables, its
+    A format module (formats/bert.py, roberta.py, distilbert.py, electra.py) fills one in: its key tables, its
     heads, and how its config maps onto `VanillaEncoderConfig` and back. The flow is shared so that the formats behave
     alike: the same strictness (every source tensor mapped or dropped with a reason, every target tensor filled,
     shapes checked, errors naming the checkpoint's own keys), the same atomic output, the same layer-by-layer
@@ -298,71 +292,59 @@ class EncoderFormat:
         model.config.architectures = [model_class.__name__]
         return model
 
-    def verify(self, source_dir: Path, tensors: dict, model, head: str, model_type: str):
-        """transformers' model (loaded from the source's `tensors`) and ours on a right-padded batch, every layer's
-        hidden states and every head output by the parity rule (`compare`). Returns (ok, summary)."""
-        reference_class = self.source_class(model_type, head)
-        print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
-        # A causal head follows ours: BertLMHeadModel masks its self-attention to the past only when told to.
-        overrides = {"is_decoder": True} if self.heads[head].causal else {}
-        config = reference_class.config_class.from_pretrained(source_dir, **overrides)
-        reference = reference_model(reference_class, tensors, source_dir, config=config)
-        return compare(reference, model)
+    # ---- the flow's steps, source -> vanilla (flow.convert) ----
 
-    def convert(self, source: str, output: str, head: str = "auto", dtype: str = "float32", force: bool = False,
-                verify_parity: bool = True, command: str | None = None) -> Path:
-        """Source checkpoint (Hub id or directory) -> vanilla checkpoint directory. Returns the output path."""
+    def read(self, source_dir: Path, raw_config: dict, head: str = "auto") -> "EncoderSource":
+        """The source's config, completed from its config class, its tensors, and the head to build."""
         from transformers import AutoConfig
 
-        source_dir, raw_config = read_source(source, self.model_types, self.name)
         # Fields left at their defaults may be missing from config.json: read them from the source's config class.
         try:
             source_config = AutoConfig.for_model(**raw_config).to_dict()
         except Exception as error:
             raise ConversionError(f"{source_dir}/config.json is not a valid {self.title} config: {error}") from None
         tensors = load_tensors(source_dir)
-        head = self.head_for(source_config, head, tensors)
-        model_type = source_config["model_type"]
-        return write_conversion(
-            output, force, source, source_dir,
-            build=lambda: self.to_vanilla(tensors, source_config, head, f"{source_dir}/config.json"),
-            verify=(lambda model: self.verify(source_dir, tensors, model, head, model_type)) if verify_parity else None,
-            save=lambda model, directory: save_checkpoint(model, directory, source_dir),
-            title=f"{Path(source).name} as a vanilla encoder",
-            command=command or f"hf-vanilla {self.name} --source {source} --output {output}",
-            notes=self.limitations,
-            dtype=dtype,
-        )
+        return EncoderSource(source_dir, source_config, tensors, self.head_for(source_config, head, tensors))
 
-    # ---- vanilla -> source ----
+    def build(self, source: "EncoderSource"):
+        return self.to_vanilla(source.tensors, source.config, source.head, f"{source.directory}/config.json")
 
-    def to_source(self, source: str, output: str, force: bool = False, dtype: str | None = None,
-                  model_type: str | None = None, verify_parity: bool = True) -> Path:
-        """A vanilla encoder checkpoint -> a transformers checkpoint of this format (same head, config, tokenizer),
-        the forward table inverted: the same tensors under their source names. `dtype=None` keeps the stored dtype,
-        so the round trip is bit-exact. Unless `verify_parity` is False, the written folder is loaded with
-        transformers alone, in the dtype it was saved in, and compared with the vanilla source (run in float32) by
-        that dtype's rule (`compare`)."""
-        import inspect
+    def verify(self, source: "EncoderSource", model) -> tuple[bool, str]:
+        """transformers' model (loaded from the source's tensors) and ours on a right-padded batch, every layer's
+        hidden states and every head output by the parity rule (`compare`). Returns (ok, summary)."""
+        reference_class = self.source_class(source.config["model_type"], source.head)
+        print(f"Verifying against transformers' {reference_class.__name__} (eager attention, padded batch):")
+        # A causal head follows ours: BertLMHeadModel masks its self-attention to the past only when told to.
+        overrides = {"is_decoder": True} if self.heads[source.head].causal else {}
+        config = reference_class.config_class.from_pretrained(source.directory, **overrides)
+        reference = reference_model(reference_class, source.tensors, source.directory, config=config)
+        return compare(reference, model)
 
-        from huggingface_hub.errors import StrictDataclassError
+    @staticmethod
+    def side_files(source: "EncoderSource", directory: Path) -> None:
+        copy_side_files(source.directory, directory)  # the tokenizer, and sentence-transformers' files
 
-        source_dir, _ = read_source(source, ("vanilla_encoder",), f"to-{self.name}")
-        try:
-            config = VanillaEncoderConfig.from_pretrained(source_dir)
-            config.check_architecture()
-        except (ValueError, TypeError, StrictDataclassError) as error:
-            raise ConversionError(f"{source_dir}/config.json is not a valid vanilla encoder config: {error}") from None
-        architecture = (config.architectures or [class_for_head("base")])[0]
-        head = next((h for h in self.heads if class_for_head(h) == architecture), None)
-        if head is None:
-            raise ConversionError(
-                f"{source_dir} is a {architecture!r}, which has no {self.title} counterpart; to-{self.name} converts "
-                f"{sorted(class_for_head(h) for h in self.heads)}."
-            )
-        model_class, model_type = self.model_class(head), model_type or self.model_types[0]
-        source_class = self.source_class(model_type, head)
-        tied = model_class._tied_weights_keys or {}
+    def card(self, source: "EncoderSource", name: str) -> tuple[str, str]:
+        return f"{Path(name).name} as a vanilla encoder", self.limitations
+
+    # ---- the flow's steps, vanilla -> source (flow.to_source) ----
+
+    vanilla_config_class = VanillaEncoderConfig
+    vanilla_what = "encoder"
+    reverse_hint = ""
+
+    def vanilla_class(self, head: str) -> type:
+        return self.model_class(head)
+
+    def vanilla_classes(self) -> list[str]:
+        return [class_for_head(head) for head in self.heads]  # "base" first: a config without `architectures`
+
+    def head_of(self, architecture: str) -> str | None:
+        return next((head for head in self.heads if class_for_head(head) == architecture), None)
+
+    def required(self, config: VanillaEncoderConfig, head: str, model_type: str | None = None) -> dict:
+        """What this format computes with one value only: {field: (value, why)}, or (test, why) for a range."""
+        source_class = self.source_class(model_type or self.model_types[0], head)
         needed = {
             "position_embedding_type": ("learned", f"{self.title} learns its position embeddings"),
             "pre_norm": (False, f"{self.title} normalises after each residual sum (post-LN)"),
@@ -371,23 +353,30 @@ class EncoderFormat:
         }
         if head != "base" and self.reads_pooler(head):
             needed["use_pooler"] = (True, f"{source_class.__name__} reads its pooler")
-        if tied:
+        if self.model_class(head)._tied_weights_keys:
             needed["tie_word_embeddings"] = (True, f"{self.title}'s MLM decoder is the word embedding matrix")
-        refusals = [f"{name}={getattr(config, name)!r} ({why}; needs {value!r})"
-                    for name, (value, why) in (needed | self.fixed_values(config)).items()
-                    if getattr(config, name) != value]
+        needed |= self.fixed_values(config)
         # BERT, RoBERTa and ELECTRA always add a token type vector; DistilBERT (no such field) has none.
-        if config.type_vocab_size == 0 and hasattr(source_class.config_class(), "type_vocab_size"):
-            refusals.append(f"type_vocab_size=0 ({self.title} always adds a token type embedding; needs >= 1)")
-        if refusals:  # every field at once, so that one fix is enough
-            raise ConversionError(f"This model cannot be expressed as {self.title}:\n  " + "\n  ".join(refusals))
-        target_config = self.source_config(config, head, model_type)
+        if hasattr(source_class.config_class(), "type_vocab_size"):
+            needed["type_vocab_size"] = (lambda size: size != 0, f"{self.title} always adds a token type embedding; "
+                                                                 f"needs >= 1")
+        return needed
+
+    def target(self, config: VanillaEncoderConfig, head: str, model_type: str | None = None):
+        """The transformers class of `head` and its config; refuses what `source_config` cannot express."""
+        source_class = self.source_class(model_type or self.model_types[0], head)
+        target_config = self.source_config(config, head, model_type or self.model_types[0])
         target_config.architectures = [source_class.__name__]
-        tensors = load_tensors(source_dir)
-        check_layer_counts((key.removeprefix("model.") for key in tensors), vanilla_layer_counts(config),
-                           f"{source_dir}/config.json")
+        return source_class, target_config
+
+    def to_source_model(self, tensors: dict, config: VanillaEncoderConfig, head: str, target, source_dir: Path):
+        """Our tensors -> the transformers class of `head` holding them, the key table inverted."""
+        import inspect
+
+        source_class, target_config = target
         ours = dict(tensors)  # `tensors` stays whole for the verification's reference
-        untie(ours, tied, self.title, "Save the model again (save_pretrained re-ties it) or fix the checkpoint.")
+        untie(ours, self.model_class(head)._tied_weights_keys or {}, self.title,
+              "Save the model again (save_pretrained re-ties it) or fix the checkpoint.")
         inverse = {o: s for s, o in self.key_table(config.num_hidden_layers, head,
                                                    "" if head == "base" else self.prefix).items()}
         # Checkpoints converted before heads stopped building an unread pooler have one.
@@ -396,18 +385,22 @@ class EncoderFormat:
         build_class = source_class
         if "add_pooling_layer" in inspect.signature(source_class.__init__).parameters:
             build_class = partial(source_class, add_pooling_layer=config.use_pooler)
-        model = build_model(build_class, target_config, mapped, unknown, source_namer(inverse))
-        if dtype is not None:
-            cast_for_saving(model, dtype)
+        return build_model(build_class, target_config, mapped, unknown, source_namer(inverse))
 
-        def verify(staging):  # what a user will do: load the written folder with transformers alone, as saved
-            print(f"Verifying the written {source_class.__name__} against the vanilla source (padded batch, "
-                  f"{PRECISION_NAMES[model.dtype]}):")
-            reference = reference_model(model_class, tensors, source_dir)
-            written = source_class.from_pretrained(staging, attn_implementation="eager", dtype=model.dtype)
-            return compare(reference, written.eval())
+    @staticmethod
+    def compare_written(vanilla, written, head: str) -> tuple[bool, str]:
+        return compare(vanilla, written)
 
-        return write_source_format(output, force, source_dir, model, verify if verify_parity else None)
+
+@dataclass(frozen=True)
+class EncoderSource:
+    """A BERT-family source as `EncoderFormat.read` found it: its folder, its config (completed from the config
+    class), its tensors as read (the verification's reference holds them), and the head to build."""
+
+    directory: Path
+    config: dict
+    tensors: dict
+    head: str
 
 
 def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,

@@ -32,8 +32,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..processes import process_alive, start_time
-from .errors import ConversionError, describe_io_error, os_errno
+from ...processes import process_alive, start_time
+from ..errors import ConversionError, describe_io_error, os_errno
 
 MANIFEST = "conversion_manifest.json"
 OWNER = "owner.json"  # in a partial folder: the process writing it

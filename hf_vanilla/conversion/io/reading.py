@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConversionError
+from ..errors import ConversionError
 
 # The tokenizer files that hold a vocabulary: a source with none of these has no tokenizer to check.
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
