@@ -83,16 +83,26 @@ def length_groups(lengths: list[int], call_cost: int = CALL_COST_TOKENS) -> list
     return groups[::-1]
 
 
-def run_grouped(run, feeds: dict) -> list[np.ndarray]:
-    """The graph's outputs, (B, T, E) hidden states first, from `run(feeds) -> [outputs]` (the engine's call): one
-    call for a batch without end-padding to trim, else one per group of rows, scattered back."""
+def grouping(feeds: dict) -> list[tuple[list[int], int]] | None:
+    """How a request runs: None for one call of the whole batch (no end-padding to trim, a row of padding only, or
+    padding not at the ends), else its groups of rows by length (`length_groups`)."""
     mask = feeds["attention_mask"]
-    B, T = mask.shape
+    T = mask.shape[1]
     lengths = mask.sum(1)
     if lengths.min() in (0, T) or not (mask == (np.arange(T)[None, :] < lengths[:, None])).all():
-        return run(feeds)  # dense, a row of padding only, or padding not at the ends
+        return None
+    return length_groups(lengths.tolist())
+
+
+def run_grouped(run, feeds: dict, groups) -> list[np.ndarray]:
+    """The graph's outputs, (B, T, E) hidden states first, from `run(feeds) -> [outputs]` (the engine's call): one
+    call where `groups` (from `grouping`) is None, else one per group of rows, scattered back."""
+    if groups is None:
+        return run(feeds)
+    mask = feeds["attention_mask"]
+    B, T = mask.shape
     outputs = None
-    for rows, length in length_groups(lengths.tolist()):
+    for rows, length in groups:
         index = np.asarray(rows)
         group = run({name: value[index, :length] for name, value in feeds.items()})
         if outputs is None:  # hidden states (B, T, E), then per-row outputs (B, ...)
@@ -108,7 +118,9 @@ def run_grouped(run, feeds: dict) -> list[np.ndarray]:
 def module_output(unit, outputs: dict, return_dict: bool | None, dtype: torch.dtype = torch.float32):
     """`outputs` (output name -> float32 array) as `unit` itself returns them, in `dtype`: a BERT-style body's pooled
     output class (or its tuple, as `return_dict` or the config says), an encoder stack's hidden-state class."""
-    outputs = {name: torch.from_numpy(array).to(dtype) for name, array in outputs.items()}
+    outputs = {name: torch.from_numpy(array) for name, array in outputs.items()}
+    if dtype != torch.float32:
+        outputs = {name: tensor.to(dtype) for name, tensor in outputs.items()}
     if unit.config.model_type != "vanilla_encoder":
         return BaseModelOutputWithPastAndCrossAttentions(**outputs)
     output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)

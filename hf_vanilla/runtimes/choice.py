@@ -34,8 +34,12 @@ def engine_or_pytorch(engine: str) -> measure.MeasuredChoice:
 def size_key(mask: np.ndarray) -> tuple:
     """What the choice is made per: rows and real tokens, each rounded up to a power of two, and torch's thread
     count (both engines use it)."""
-    rows, tokens = mask.shape[0], max(int(mask.sum()), 1)
-    return 1 << (rows - 1).bit_length(), 1 << (tokens - 1).bit_length(), torch.get_num_threads()
+    return key_of(mask.shape[0], int(mask.sum()))
+
+
+def key_of(rows: int, tokens: int) -> tuple:
+    """`size_key` of a request of `rows` rows holding `tokens` real tokens."""
+    return 1 << (rows - 1).bit_length(), 1 << (max(tokens, 1) - 1).bit_length(), torch.get_num_threads()
 
 
 def answer(decisions: measure.MeasuredChoice, mask: np.ndarray, engine, pytorch):

@@ -31,7 +31,7 @@ import torch
 from ...export import example_inputs
 from ...kernels import is_tracing
 from .. import choice
-from ..batches import feeds_for, module_output, run_grouped
+from ..batches import feeds_for, grouping, module_output, run_grouped
 from ..cache import GraphCache, cache_key, export_graph, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
 
@@ -189,7 +189,7 @@ class OnnxEncoder:
         """The unit's output for `request`, computed by ONNX Runtime."""
         feeds, weights = request
         run = lambda part: self.session.run(None, part | weights)  # noqa: E731
-        return module_output(self.unit, dict(zip(self.outputs, run_grouped(run, feeds))), arguments.get("return_dict"))
+        return module_output(self.unit, dict(zip(self.outputs, run_grouped(run, feeds, grouping(feeds)))), arguments.get("return_dict"))
 
     def _verify(self) -> tuple:
         """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the

@@ -25,8 +25,8 @@ from .engine import PRECISIONS, OwnedEncoder
 
 
 def use_openvino(model, precision: str = "f32", threads: int | None = None, cache_dir=None):
-    """Run each encoder body of `model` (a vanilla model, in eval mode, float32 on the CPU) on OpenVINO at
-    `precision` ("f32", "bf16" or "int8"), the weights held by the engine, and return `model`. `threads`: OpenVINO's
+    """Run each encoder body of `model` (a vanilla model, in eval mode, float32 or bfloat16 on the CPU) on OpenVINO
+    at `precision` ("f32", "bf16" or "int8"; the body's weights are moved to that precision's dtype), the weights held by the engine, and return `model`. `threads`: OpenVINO's
     (default torch's `get_num_threads()`). `cache_dir`: where traced graphs are kept (the ONNX Runtime engine's
     cache: $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx). Calling it again compiles the model as it is."""
     if precision not in PRECISIONS:
@@ -42,9 +42,9 @@ def use_openvino(model, precision: str = "f32", threads: int | None = None, cach
         raise ValueError("use_openvino runs inference only: call model.eval() first.")
     inside = {id(tensor) for unit in units for tensor in [*unit.parameters(), *unit.buffers()]}
     for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
-            raise ValueError(f"use_openvino takes a float32 model on the CPU, and {name} is {tensor.dtype} on "
-                             f"{tensor.device}: call model.float().cpu() first (precision='bf16' rounds it).")
+        if tensor.device.type != "cpu" or tensor.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"use_openvino takes a float32 or bfloat16 model on the CPU, and {name} is "
+                             f"{tensor.dtype} on {tensor.device}: call model.float().cpu() first.")
     outside = [name for name, tensor in _outside(model, units) if id(tensor) in inside]
     if outside:
         raise ValueError(f"{outside[0]} is shared with the encoder body that runtime='openvino' would take, and the "

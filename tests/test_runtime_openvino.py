@@ -1,0 +1,166 @@
+"""`runtime="openvino"` beyond the conformance battery (tests/test_conformance.py, rows `openvino*`, holds it to every
+edit, threads, saving, copies and moves): the heads around the body, what it refuses and how, and its choice per
+request size.
+
+- a classification head on the engine: the same logits as PyTorch, the head's own weights still trainable, the
+  model saved and loaded back through `from_pretrained(runtime="openvino")`;
+- refused at attach with a one-line error naming the fix: a masked LM whose decoder is tied to the body's word
+  embeddings, an encoder-decoder, a model in training mode, a float16 model, an unknown precision;
+- refused at the call, naming `remove_openvino`: training, a forward hook inside the body; `remove_openvino` gives the
+  weights back and the model trains again;
+- what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
+- each request size runs whichever of OpenVINO and PyTorch measured faster (clock scripted).
+"""
+
+import copy
+
+import pytest
+import torch
+from numerics import assert_close
+
+pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
+
+from hf_vanilla import (  # noqa: E402
+    VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaEncoderForSequenceClassification,
+    VanillaEncoderModel,
+    VanillaSeq2SeqConfig,
+    VanillaSeq2SeqModel,
+)
+from hf_vanilla.runtimes import choice  # noqa: E402
+from hf_vanilla.runtimes.choice import runtime_choices  # noqa: E402
+from hf_vanilla.runtimes.openvino import remove_openvino, use_openvino  # noqa: E402
+
+CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+              max_position_embeddings=64, num_labels=3)
+
+
+@pytest.fixture
+def graphs(tmp_path_factory):
+    return tmp_path_factory.mktemp("graphs")
+
+
+@pytest.fixture
+def engine_only(monkeypatch):
+    monkeypatch.setattr(choice, "CHOICE", "engine")
+
+
+def batch(B=3, T=9):
+    generator = torch.Generator().manual_seed(B * T)
+    input_ids = torch.randint(1, CONFIG["vocab_size"], (B, T), generator=generator)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[-1, T // 2:] = 0
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+def test_a_head_around_the_body(graphs, engine_only, tmp_path):
+    torch.manual_seed(0)
+    plain = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval()
+    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
+    inputs = batch()
+    with torch.inference_mode():
+        assert_close(model(**inputs).logits, plain(**inputs).logits)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {name for name, _ in plain.named_parameters() if name.startswith("classifier")}
+    model.save_pretrained(tmp_path)
+    reloaded = VanillaEncoderForSequenceClassification.from_pretrained(
+        tmp_path, runtime="openvino", runtime_options={"cache_dir": str(graphs)})
+    with torch.inference_mode():
+        assert_close(reloaded(**inputs).logits, plain(**inputs).logits)
+
+
+@pytest.mark.parametrize("case, error", [
+    ("tied masked LM", r"lm_head\.decoder\.weight is shared.*runtime='onnxruntime'"),
+    ("encoder-decoder", r"no vanilla encoder body.*runtime='onnxruntime'"),
+    ("training", r"model\.eval\(\)"),
+    ("float16", r"float32 or bfloat16 model on the CPU.*model\.float\(\)\.cpu\(\)"),
+    ("precision", r"precision='fp8'.*'bf16', 'f32', 'int8'"),
+])
+def test_what_it_refuses_at_attach(graphs, case, error):
+    config = VanillaEncoderConfig(**CONFIG)
+    model, options = VanillaEncoderModel(config).eval(), {}
+    if case == "tied masked LM":
+        model = VanillaEncoderForMaskedLM(config).eval()
+    elif case == "encoder-decoder":
+        model = VanillaSeq2SeqModel(VanillaSeq2SeqConfig(vocab_size=99, d_model=32, encoder_layers=1,
+                                                         decoder_layers=1, encoder_attention_heads=4,
+                                                         decoder_attention_heads=4, encoder_ffn_dim=64,
+                                                         decoder_ffn_dim=64)).eval()
+    elif case == "training":
+        model.train()
+    elif case == "float16":
+        model.to(torch.float16)
+    else:
+        options["precision"] = "fp8"
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(ValueError, match=error):
+        use_openvino(model, cache_dir=graphs, **options)
+    after = model.state_dict()  # refused before taking anything
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_what_it_refuses_at_the_call_and_remove_openvino(graphs, engine_only):
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
+    inputs = batch()
+    model.train()
+    with pytest.raises(RuntimeError, match=r"inference only.*remove_openvino\(model\)"):
+        model(**inputs)
+    model.eval()
+    handle = model.encoder.layers[0].register_forward_hook(lambda *args: None)
+    with pytest.raises(RuntimeError, match=r"Forward hooks.*remove_openvino\(model\)"):
+        model(**inputs)
+    handle.remove()
+    model(**inputs)
+    remove_openvino(model)
+    assert all(p.requires_grad for p in model.parameters())
+    model.train()
+    loss = model(**inputs).last_hidden_state.square().mean()
+    loss.backward()  # the weights are the model's again: it trains
+    assert model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_the_config_reaches_the_engine(graphs, engine_only):
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
+    inputs = batch()
+    model.config.output_hidden_states = True
+    plain.config.output_hidden_states = True
+    with torch.inference_mode():
+        got, want = model(**inputs).hidden_states, plain(**inputs).hidden_states
+    assert got is not None and len(got) == len(want)
+    real = inputs["attention_mask"].bool()
+    for have, expected in zip(got, want):
+        assert_close(have[real], expected[real])
+
+
+def test_each_request_size_runs_the_faster_engine(graphs, scripted_clock, monkeypatch):
+    """OpenVINO scripted 3x faster at one row of 8 tokens and 3x slower at eight rows of 32: the first size decides
+    for OpenVINO, the second for PyTorch, after the measured calls."""
+    monkeypatch.setattr(choice, "CHOICE", "measure")
+    torch.manual_seed(0)
+    model = use_openvino(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), cache_dir=graphs)
+    engine = vars(model)["forward"]
+    openvino_answer, pytorch_answer = engine._answer, engine._pytorch
+
+    def timed(call, seconds):
+        def run(*args):
+            scripted_clock.advance(seconds())
+            return call(*args)
+        return run
+
+    size = {}
+    monkeypatch.setattr(engine, "_answer", timed(openvino_answer, lambda: 1.0 if size["small"] else 9.0))
+    monkeypatch.setattr(engine, "_pytorch", timed(pytorch_answer, lambda: 3.0))
+    for small, inputs in ((True, batch(1, 8)), (False, batch(8, 32))):
+        size["small"] = small
+        for _ in range(2 * (choice.CHOICE_CALLS + 1)):
+            with torch.inference_mode():
+                model(**inputs)
+    decided = runtime_choices(model)
+    assert sorted(decided.values()) == [False, True], decided
