@@ -183,7 +183,16 @@ def lee_sentences(count):
     return sentences[:count]
 
 
-def test_int8_accuracy_on_real_sentences(minilm_path):
+def _openvino_int8(model, graphs):
+    pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra")
+    from hf_vanilla.runtimes.openvino import use_openvino
+
+    return use_openvino(model, precision="int8", cache_dir=graphs)
+
+
+@pytest.mark.parametrize("int8_path", [lambda model, graphs: quantize_int8(model), _openvino_int8],
+                         ids=["quantize_int8", "openvino int8"])
+def test_int8_accuracy_on_real_sentences(minilm_path, int8_path, tmp_path):
     from transformers import AutoTokenizer
 
     from hf_vanilla import VanillaEncoderModel
@@ -191,7 +200,7 @@ def test_int8_accuracy_on_real_sentences(minilm_path):
     sentences = lee_sentences(256)
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)
     fp32 = VanillaEncoderModel.from_pretrained(_converted(minilm_path)).eval()
-    int8 = quantize_int8(VanillaEncoderModel.from_pretrained(_converted(minilm_path)))
+    int8 = int8_path(VanillaEncoderModel.from_pretrained(_converted(minilm_path)).eval(), tmp_path)
 
     def embed(model):
         tokens, sentences_out = [], []

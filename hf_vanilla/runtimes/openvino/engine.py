@@ -74,9 +74,12 @@ class OwnedEncoder:
         # Its own tensors, the body's own forward (the engine is not in front yet), and the body's config object: what
         # a user sets on model.config reaches both (a field the graph baked in is a change the watch sees).
         shadow = copy.deepcopy(unit, {id(unit.config): unit.config})
-        self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
         dtype = PRECISIONS[self.precision]
-        shadow.requires_grad_(False).to(dtype)
+        self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
+        self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
+        self.graph = self._graph()  # traced and compiled before the body gives anything up: a failure leaves it whole
+        self.compiled, self.local = self._compile(), threading.local()
+        self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
         for module in unit.modules():  # the body keeps its modules and code, no tensor
             if module._parameters or module._buffers:
                 module.extra_repr = held_repr  # torch's own reads the weights (Linear: `bias=...`)
@@ -84,14 +87,11 @@ class OwnedEncoder:
             module._buffers.clear()
             module._non_persistent_buffers_set.clear()
         unit.register_parameter(MARKER, torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False))
-        self.shadow, self.dtype = shadow, dtype
-        self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
-        self.graph = self._graph()
-        self.compiled, self.local = self._compile(), threading.local()
         unit.forward = self
         unit.register_state_dict_post_hook(functools.partial(OwnedEncoder.save, self))  # torch marks the hook:
         unit.register_load_state_dict_pre_hook(functools.partial(OwnedEncoder.load, self))  # not a bound method
-        self.structure, self.code, self.watch = structure_of(unit), class_code(unit), Watch(unit, list(unit._parameters.values()))
+        self.structure, self.code = structure_of(unit), class_code(unit)
+        self.watch = self._watch()
 
     def give_back(self) -> None:
         """Put the shadow's tensors back into the body's modules, by path (modules added since keep their own), and
@@ -122,7 +122,8 @@ class OwnedEncoder:
         try:
             structure = structure_of(shadow)
             inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if shadow.config.type_vocab_size else [])
-            outputs = ("last_hidden_state",) + (("pooler_output",) if shadow.pooler is not None else ())
+            outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(shadow, "pooler", None) is not None
+                                                 else ())
             key = cache_key(shadow, structure, inputs, outputs)
             for fresh in (False, True):
                 graph = self.cache.load(key) if not fresh else export_graph(shadow, inputs, outputs, key)
@@ -206,6 +207,10 @@ class OwnedEncoder:
             local.requests[hot] = compiled.create_infer_request()
         return local.requests[hot]
 
+    def _watch(self) -> Watch:
+        """The per-call check of the body (hf_vanilla/runtimes/watch.py), its marker the one tensor it follows."""
+        return Watch(self.unit, list(self.unit._parameters.values()))
+
     def _pytorch(self, args, kwargs):
         """The shadow's answer: eager PyTorch on the engine's own copy of the weights."""
         with self.lock:
@@ -217,7 +222,7 @@ class OwnedEncoder:
         """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
         unit = self.unit
         if self.compiled is None:  # unpickled or deep-copied: compile from the shadow's tensors
-            self.code, self.watch = class_code(unit), Watch(unit, list(unit._parameters.values()))
+            self.code, self.watch = class_code(unit), self._watch()
             self.compiled, self.local = self._compile(), threading.local()
         if self.watch.unchanged():
             return
@@ -244,7 +249,7 @@ class OwnedEncoder:
             self.dtype = PRECISIONS[self.precision]
             self.shadow.to(self.dtype)
             self.compiled, self.local = self._compile(), threading.local()
-        self.watch = Watch(unit, list(unit._parameters.values()))
+        self.watch = self._watch()
 
     def _feeds(self, arguments: dict):
         """The graph's inputs, or None where PyTorch (the shadow) must answer."""
@@ -298,8 +303,8 @@ class OwnedEncoder:
                 self.give_back()
                 self._take()
             own = self.shadow.state_dict()
-            mine = {name[len(prefix):]: state_dict.pop(name) for name in list(state_dict)
-                    if name.startswith(prefix) and name[len(prefix):] in own}
+            mine = {name[len(prefix):]: state_dict.pop(name).detach().clone() for name in list(state_dict)
+                    if name.startswith(prefix) and name[len(prefix):] in own}  # copies: the caller keeps its tensors
             result = self.shadow.load_state_dict(mine, strict=False,
                                                  assign=local_metadata.get("assign_to_params_buffers", False))
             missing_keys.extend(prefix + name for name in result.missing_keys)
