@@ -1,10 +1,10 @@
 """The engine: an `OwnedEncoder` in front of a BERT-style body's forward, holding the body's weights.
 
 Why own them. OpenVINO's lead on short requests is that it lays each weight out for its kernels once, when it
-compiles (docs/performance.md: 3.8 of 4.1 ms at MiniLM 1x16 on AMD Zen 4; fed the weights as inputs on every call,
-as `runtime="onnxruntime"` does, it is 2.3-4.4x slower). A compiled copy can only be trusted while nothing else
-writes the weights, and nothing short of reading every weight tells a `.data` or numpy write from no write. So the
-engine takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`),
+compiles (docs/performance.md: its profile on Zen 3 spent 11.5 of 12.3 ms in `FullyConnected`; fed the weights as
+inputs on every call, as `runtime="onnxruntime"` does, it is 2.3-4.4x slower at 16 tokens). A compiled copy can only
+be trusted while nothing else writes the weights, and nothing short of reading every weight tells a `.data` or numpy
+write from no write. So the engine takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`),
 and the body the user holds keeps its modules, config and code but no tensor (`model.parameters()` has none of
 them; `layer.weight` is an AttributeError). Every change then comes through a door the engine keeps:
 - `state_dict()` / `save_pretrained` write the shadow's tensors (copies) under the body's names, so any class
@@ -20,7 +20,8 @@ them; `layer.weight` is an AttributeError). Every change then comes through a do
 What runs where. OpenVINO answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
 no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
 same weights) answers everything else, and, per request size, whichever of the two measured faster
-(hf_vanilla/runtimes/choice.py): OpenVINO on short requests, PyTorch's padding-free path on long padded batches.
+(hf_vanilla/runtimes/choice.py; on AMD Zen 5 OpenVINO won every size of benchmarks/engines.py, padded batches
+included, which it runs as groups of rows of similar length as `runtime="onnxruntime"` does).
 Both answer within the parity rule of each other at float32; at bfloat16 and int8 OpenVINO's kernels round
 differently from PyTorch's (the tests hold each to its precision's rule).
 
