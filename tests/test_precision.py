@@ -190,9 +190,16 @@ def _openvino_int8(model, graphs):
     return use_openvino(model, precision="int8", cache_dir=graphs)
 
 
-@pytest.mark.parametrize("int8_path", [lambda model, graphs: quantize_int8(model), _openvino_int8],
+# runtime="openvino" at int8 (its int8 weights widened inside OpenVINO's float32 kernel on AMD Zen 5): lowest 0.9962,
+# mean 0.9995, 98.0% of neighbours kept on the same sentences (quantize_int8 there: 0.9860, 0.9965, 94.1%). Its floor
+# is CTranslate2's int8 lowest cosine above, so that it is held to be at least as accurate as that engine's int8.
+CTRANSLATE2_INT8_LOWEST = 0.984
+
+
+@pytest.mark.parametrize("int8_path, lowest", [(lambda model, graphs: quantize_int8(model), LOWEST_TOKEN_COSINE),
+                                               (_openvino_int8, CTRANSLATE2_INT8_LOWEST)],
                          ids=["quantize_int8", "openvino int8"])
-def test_int8_accuracy_on_real_sentences(minilm_path, int8_path, tmp_path):
+def test_int8_accuracy_on_real_sentences(minilm_path, int8_path, lowest, tmp_path):
     from transformers import AutoTokenizer
 
     from hf_vanilla import VanillaEncoderModel
@@ -222,6 +229,6 @@ def test_int8_accuracy_on_real_sentences(minilm_path, int8_path, tmp_path):
     cosine = nn.functional.cosine_similarity(tokens8, tokens32, dim=-1)
     agreement = (neighbours(sentences8) == neighbours(sentences32)).double().mean().item()
     report = f"lowest {cosine.min():.5f}, mean {cosine.mean():.5f}, neighbours {agreement:.1%}"
-    assert cosine.min().item() >= LOWEST_TOKEN_COSINE, report
+    assert cosine.min().item() >= lowest, report
     assert cosine.mean().item() >= MEAN_TOKEN_COSINE, report
     assert agreement >= NEIGHBOUR_AGREEMENT, report
