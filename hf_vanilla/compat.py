@@ -59,7 +59,7 @@ def resized_embeddings(model, embeddings, new_num_tokens, pad_to_multiple_of, me
 # model computes: `output_attentions` (stored as `_output_attentions`), `_attn_implementation` (stored as
 # `_attn_implementation_internal`: a choice among kernels of one function), `_experts_implementation`
 # (`_experts_implementation_internal`), `name_or_path` (`_name_or_path`: where the weights came from). A watcher that
-# compares a config's attribute dict (runtimes/onnxruntime/watch.py) reads that dict, not the properties, so it needs
+# compares a config's attribute dict (runtimes/watch.py) reads that dict, not the properties, so it needs
 # the stored names; transformers has no public list of them.
 CONFIG_STORED_PER_CALL = ("_output_attentions", "_attn_implementation_internal", "_experts_implementation_internal",
                           "_name_or_path")

@@ -1,11 +1,11 @@
 """One way to choose, by measurement, between computations that give the same answer: which is faster here.
 
-Three fast paths choose by timing their candidates on the first calls, because which is faster depends on the CPU,
+Two fast paths choose by timing their candidates on the first calls, because which is faster depends on the CPU,
 the shapes, the threads and the cache, and no threshold is right on Intel and AMD alike (docs/performance.md):
 
     kernels.VanillaLinear    F.linear (MKL) or oneDNN's matmul, per (in, out, rows bucket, threads)
-    precision.Int8Linear     int8 or the float32 projection, per the same key
-    runtimes/onnxruntime     ONNX Runtime or PyTorch, per request size (rows, real tokens, threads)
+    runtimes/choice.py       an engine (ONNX Runtime, OpenVINO) or PyTorch, per request size (rows, real tokens,
+                             threads)
 
 Each is a `MeasuredChoice`: an incumbent (the plain computation, which runs while nothing is decided and wherever
 the measurement is not clear) and one challenger. The first calls of a key time the candidates in turn until each
@@ -121,7 +121,7 @@ def owner_turn(owner) -> int:
     alternate between the candidates, so that each is timed at every place in the model (inside a model the other
     layers' weights pass through the cache between two calls of one layer, as they will when the choice runs).
     Kept beside the layer, not on it: an attribute that changes on every call would change the module to whatever
-    watches it (runtimes/onnxruntime/watch.py's check that the model is as traced)."""
+    watches it (runtimes/watch.py's check that the model is as traced)."""
     global _timed_calls
     with _turns_lock:
         _timed_calls += 1

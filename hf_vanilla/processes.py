@@ -1,7 +1,7 @@
 """Whether the process that wrote something is still running: what lets a writer remove what a dead writer left.
 
 Two writers leave work behind when killed mid-write (SIGKILL, power loss): the converters' `.OUT.partial-*` folders
-(conversion/io/output.py) and the ONNX Runtime graph cache's `.export-*` staging files (runtimes/onnxruntime/cache.py).
+(conversion/io/output.py) and the ONNX Runtime graph cache's `.export-*` staging files (runtimes/cache.py).
 Each names its writer by host and PID; only this host's processes can be checked, and a PID alone may have been
 reused, so a writer that also recorded its start time (`start_time`) is told apart from a later process with its
 PID.

@@ -223,8 +223,9 @@ def test_measured_choice_keeps_the_faster_kernel(faster, monkeypatch, scripted_c
 
 @needs_onednn_on
 def test_calibration_leaves_the_layer_as_it_was(monkeypatch):
-    """What calibration counts is kept beside the layer, not in it: runtimes/onnxruntime/watch.py falls back to PyTorch when
-    a module's attributes change after tracing, and a counter on the layer did that on every call."""
+    """What calibration counts is kept beside the layer, not in it: runtimes/watch.py's check sees a module's
+    attributes change after tracing (the ONNX Runtime engine then runs PyTorch, OpenVINO's compiles again), and a
+    counter on the layer did that on every call."""
     monkeypatch.setattr(kernels, "POLICY", "measure")
     linear = layer()
     before = dict(vars(linear))

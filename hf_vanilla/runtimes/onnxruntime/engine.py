@@ -99,7 +99,7 @@ class OnnxEncoder:
         if any(name not in named or list(named[name].shape) != shapes[name] for name in self.weights):
             raise ValueError(f"This graph reads weights {type(unit).__name__} does not have.")
         self.outputs = tuple(o.name for o in session.get_outputs())
-        self.state = None  # (_Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
+        self.state = None  # (Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
         self.warned = False
         # Per request size: ONNX Runtime (the challenger) or PyTorch, whichever measured faster (../choice.py).
         self.choice = choice.engine_or_pytorch("onnxruntime")
