@@ -6,6 +6,7 @@ request size.
   model saved and loaded back through `from_pretrained(runtime="openvino")`;
 - refused at attach with a one-line error naming the fix: a masked LM whose decoder is tied to the body's word
   embeddings, an encoder-decoder, a model in training mode, a float16 model, an unknown precision;
+- refused at attach with the fix named: a precision OpenVINO has no kernel for on this machine;
 - refused at the call, naming `remove_openvino`: training, a forward hook inside the body; `remove_openvino` gives the
   weights back and the model trains again;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
@@ -164,3 +165,25 @@ def test_each_request_size_runs_the_faster_engine(graphs, scripted_clock, monkey
                 model(**inputs)
     decided = runtime_choices(model)
     assert sorted(decided.values()) == [False, True], decided
+
+
+def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatch):
+    """Where OpenVINO's plugin has no kernel for a precision on this machine (seen under ONEDNN_MAX_CPU_ISA=AVX2 on
+    an AVX-512 CPU), use_openvino says so and names precision='f32', and the model keeps its weights."""
+    from hf_vanilla.runtimes.openvino import engine
+
+    compile_graph = engine.compile_graph
+
+    def no_int8_kernel(graph, tensors, precision, threads):
+        if precision == "int8":
+            raise RuntimeError("Check '!getSupportedPrimitiveDescriptors().empty()' failed")
+        return compile_graph(graph, tensors, precision, threads)
+
+    monkeypatch.setattr(engine, "compile_graph", no_int8_kernel)
+    model = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"cannot run precision 'int8'.*getSupportedPrimitiveDescriptors.*"
+                                         r"precision='f32'"):
+        use_openvino(model, precision="int8", cache_dir=graphs)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)

@@ -4,9 +4,10 @@ Why own them. OpenVINO's lead on short requests is that it lays each weight out 
 compiles (docs/performance.md: its profile on Zen 3 spent 11.5 of 12.3 ms in `FullyConnected`; fed the weights as
 inputs on every call, as `runtime="onnxruntime"` does, it is 2.3-4.4x slower at 16 tokens). A compiled copy can only
 be trusted while nothing else writes the weights, and nothing short of reading every weight tells a `.data` or numpy
-write from no write. So the engine takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`),
-and the body the user holds keeps its modules, config and code but no tensor (`model.parameters()` has none of
-them; `layer.weight` is an AttributeError). Every change then comes through a door the engine keeps:
+write from no write. So the engine takes them: at attach the body's parameters and buffers move into a private
+copy of the body (`shadow`), and the body the user holds keeps its modules, config and code but no tensor
+(`model.parameters()` has none of them; `layer.weight` is an AttributeError). Every change then comes through a
+door the engine keeps:
 - `state_dict()` / `save_pretrained` write the shadow's tensors (copies) under the body's names, so any class
   loads the checkpoint whole; `load_state_dict` (also `assign=True`) loads into the shadow and recompiles;
 - a module replaced or added, a method patched on a class, a config value changed (the body compared with what was
@@ -34,6 +35,7 @@ the shadow keeps and saves the float32 weights, and PyTorch's path runs them in 
 import copy
 import functools
 import inspect
+import os
 import threading
 
 import numpy as np
@@ -143,7 +145,18 @@ class OwnedEncoder:
             shadow.to(self.dtype)
 
     def _compile(self):
-        compiled = compile_graph(self.graph, _tensors(self.shadow), self.precision, self.threads)
+        """OpenVINO compiled from the shadow's tensors at the engine's precision and run once on a short request: a
+        precision its CPU plugin has no kernel for on this machine fails here, before the body gives anything up."""
+        try:
+            compiled = compile_graph(self.graph, _tensors(self.shadow), self.precision, self.threads)
+            inputs = example_inputs(self.shadow.config, [i.get_any_name() for i in compiled.inputs])
+            compiled.create_infer_request().infer({name: value.numpy() for name, value in inputs.items()})
+        except RuntimeError as error:
+            said, capped = str(error).strip().splitlines()[-1], os.environ.get("ONEDNN_MAX_CPU_ISA")
+            why = (f"; ONEDNN_MAX_CPU_ISA={capped} caps the oneDNN inside OpenVINO's CPU plugin, which picks its "
+                   f"kernels by the CPU it finds") if capped else ""
+            raise ValueError(f"OpenVINO cannot run precision {self.precision!r} on this machine ({said}): use "
+                             f"precision='f32'{why}.") from error
         self.names = [output.get_any_name() for output in compiled.outputs]
         self.token_types = any(i.get_any_name() == "token_type_ids" for i in compiled.inputs)
         return compiled
