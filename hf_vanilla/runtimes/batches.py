@@ -1,5 +1,5 @@
-"""What an engine is fed and what it answers: the request read in numpy, padded rows grouped by length, and the
-engine's arrays as the module's own output class.
+"""What an engine is fed and what it answers: the request read in numpy, padded rows grouped by length, the
+engine's arrays as the module's own output class, and the check at attach that they are PyTorch's answer.
 
 Padded batches keep the padding-free idea: a batch whose padding is at the end of each row is split into groups of
 rows of similar length (rows sorted by length, grouped by a small dynamic programme that weighs a call's fixed cost
@@ -15,6 +15,13 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
 )
 
+from ..export import example_inputs
+
+# The check at attach: a right-padded (2, PROBE_TOKENS) request, both ways, within PROBE_TOLERANCE x max(1, |output|).
+# It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
+# room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
+# engines' answers to.
+PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
 CALL_COST_TOKENS = 32
 
@@ -125,3 +132,25 @@ def module_output(unit, outputs: dict, return_dict: bool | None, dtype: torch.dt
         return BaseModelOutputWithPastAndCrossAttentions(**outputs)
     output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)
     return output if (unit.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+def probe(config, forward, run, token_types: bool) -> float:
+    """max |engine - PyTorch| / max(1, |PyTorch|) over the engine's outputs, at the real tokens of a right-padded
+    (2, PROBE_TOKENS) request: `forward` is the module's own (PyTorch), `run(feeds) -> {output name: array}` the
+    engine's call, `token_types` whether the graph reads segment ids (fed as zeros)."""
+    inputs = example_inputs(config, ["input_ids", "attention_mask"], length=PROBE_TOKENS)
+    with torch.inference_mode():
+        expected = forward(**inputs, return_dict=True)
+    feeds = {name: value.numpy() for name, value in inputs.items()}
+    if token_types:
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    real = inputs["attention_mask"].bool().numpy()
+    worst = 0.0
+    for name, array in run(feeds).items():
+        reference = getattr(expected, name).numpy()
+        if array.shape != reference.shape:
+            return float("inf")
+        if name == "last_hidden_state":
+            array, reference = array[real], reference[real]
+        worst = max(worst, float(np.abs(array - reference).max()) / max(1.0, float(np.abs(reference).max())))
+    return worst if worst == worst else float("inf")  # NaN: no answer

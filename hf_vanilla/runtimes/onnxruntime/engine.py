@@ -28,19 +28,13 @@ import numpy as np
 import onnxruntime
 import torch
 
-from ...export import example_inputs
 from ...kernels import is_tracing
 from .. import choice
-from ..batches import feeds_for, grouping, module_output, run_grouped
+from ..batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
 from ..cache import GraphCache, cache_key, export_graph, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
 
 PROVIDERS = ["CPUExecutionProvider"]
-# The check at attach: a right-padded (2, PROBE_TOKENS) batch, both ways, within PROBE_TOLERANCE x max(1, |output|).
-# It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
-# room for any CPU's summation order: ten times the parity rule (conversion/parity.py), which the tests hold the
-# runtime's answers to.
-PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 
 
 class OnnxEncoder:
@@ -189,7 +183,8 @@ class OnnxEncoder:
         """The unit's output for `request`, computed by ONNX Runtime."""
         feeds, weights = request
         run = lambda part: self.session.run(None, part | weights)  # noqa: E731
-        return module_output(self.unit, dict(zip(self.outputs, run_grouped(run, feeds, grouping(feeds)))), arguments.get("return_dict"))
+        outputs = run_grouped(run, feeds, grouping(feeds))
+        return module_output(self.unit, dict(zip(self.outputs, outputs)), arguments.get("return_dict"))
 
     def _verify(self) -> tuple:
         """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the
@@ -216,28 +211,11 @@ class OnnxEncoder:
         return watch, {name: tensor.detach().numpy() for name, tensor in zip(self.weights, tensors)}
 
     def probe(self) -> float:
-        """max |ONNX Runtime - PyTorch| / max(1, |PyTorch|) over the graph's outputs, at the real tokens of a
-        right-padded (2, PROBE_TOKENS) request."""
-        inputs = example_inputs(self.unit.config, ["input_ids", "attention_mask"], length=PROBE_TOKENS)
-        attention_mask = inputs["attention_mask"]
-        with torch.inference_mode():
-            expected = self.forward(**inputs, return_dict=True)
+        """How far ONNX Runtime's answer is from PyTorch's at attach (`batches.probe`), fed the unit's weights."""
         named = dict(named_tensors(self.unit))
         weights = {name: named[name].detach().numpy() for name in self.weights}
-        feeds = {name: value.numpy() for name, value in inputs.items()}
-        if self.token_types:
-            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
-        got = self.session.run(None, feeds | weights)
-        real = attention_mask.bool().numpy()
-        worst = 0.0
-        for name, array in zip(self.outputs, got):
-            reference = getattr(expected, name).numpy()
-            if array.shape != reference.shape:
-                return float("inf")
-            if name == "last_hidden_state":
-                array, reference = array[real], reference[real]
-            worst = max(worst, float(np.abs(array - reference).max()) / max(1.0, float(np.abs(reference).max())))
-        return worst if worst == worst else float("inf")  # NaN: no answer
+        return probe(self.unit.config, self.forward,
+                     lambda feeds: dict(zip(self.outputs, self.session.run(None, feeds | weights))), self.token_types)
 
 
 def named_tensors(unit) -> list[tuple[str, torch.Tensor]]:

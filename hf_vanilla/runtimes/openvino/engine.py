@@ -46,14 +46,11 @@ from openvino import opset13 as ops
 from ...export import example_inputs
 from ...kernels import is_tracing
 from .. import choice
-from ..batches import feeds_for, grouping, module_output, run_grouped
+from ..batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
 from ..cache import GraphCache, cache_key, export_graph
 from ..watch import Watch, class_code, hooked, structure_of
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # the shadow's dtype
-# The check at attach, as the ONNX Runtime engine's: OpenVINO at float32 against the shadow on a right-padded
-# (2, PROBE_TOKENS) request, within PROBE_TOLERANCE x max(1, |output|).
-PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 # The one tensor the body still has: an empty parameter of the engine's dtype, so that model.to(...) tells the engine
 # where the model was moved, and model.dtype / model.device (read off the parameters) still answer. Never saved.
 MARKER = "_openvino_marker"
@@ -80,8 +77,9 @@ class OwnedEncoder:
         dtype = PRECISIONS[self.precision]
         self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
         self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
-        self.graph = self._graph()  # traced and compiled before the body gives anything up: a failure leaves it whole
-        self.compiled, self.local = self._compile(), threading.local()
+        # Traced and compiled before the body gives anything up: a failure leaves it whole.
+        self.graph, checked = self._graph()
+        self.compiled, self.local = self._compile(checked), threading.local()
         self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
         for module in unit.modules():  # the body keeps its modules and code, no tensor
             if module._parameters or module._buffers:
@@ -119,8 +117,9 @@ class OwnedEncoder:
 
     # ---- the graph and its compilation ------------------------------------------------------------------------
 
-    def _graph(self) -> bytes:
-        """The shadow's graph reading its weights as inputs, from the cache or traced; checked against PyTorch."""
+    def _graph(self) -> tuple:
+        """(the shadow's graph reading its weights as inputs, from the cache or traced, OpenVINO's float32
+        compilation of it that was checked against PyTorch (`batches.probe`))."""
         shadow = self.shadow.float() if self.dtype != torch.float32 else self.shadow
         try:
             structure = structure_of(shadow)
@@ -132,11 +131,13 @@ class OwnedEncoder:
                 graph = self.cache.load(key) if not fresh else export_graph(shadow, inputs, outputs, key)
                 if graph is None:
                     continue
-                worst = _probe(shadow, compile_graph(graph, _tensors(shadow), "f32", self.threads))
+                checked = compile_graph(graph, _tensors(shadow), "f32", self.threads)
+                worst = probe(shadow.config, type(shadow).forward.__get__(shadow), _runner(checked),
+                              "token_type_ids" in inputs)
                 if worst <= PROBE_TOLERANCE:
                     if fresh:
                         self.cache.store(key, graph)
-                    return graph
+                    return graph, checked
                 self.cache.discard(key)
             raise RuntimeError(f"OpenVINO's graph of {type(shadow).__name__} differs from PyTorch by {worst:.2e} x "
                                f"max(1, |output|): runtime='openvino' cannot run this model; use PyTorch or "
@@ -144,19 +145,23 @@ class OwnedEncoder:
         finally:
             shadow.to(self.dtype)
 
-    def _compile(self):
+    def _compile(self, checked=None):
         """OpenVINO compiled from the shadow's tensors at the engine's precision and run once on a short request: a
-        precision its CPU plugin has no kernel for on this machine fails here, before the body gives anything up."""
-        try:
-            compiled = compile_graph(self.graph, _tensors(self.shadow), self.precision, self.threads)
-            inputs = example_inputs(self.shadow.config, [i.get_any_name() for i in compiled.inputs])
-            compiled.create_infer_request().infer({name: value.numpy() for name, value in inputs.items()})
-        except RuntimeError as error:
-            said, capped = str(error).strip().splitlines()[-1], os.environ.get("ONEDNN_MAX_CPU_ISA")
-            why = (f"; ONEDNN_MAX_CPU_ISA={capped} caps the oneDNN inside OpenVINO's CPU plugin, which picks its "
-                   f"kernels by the CPU it finds") if capped else ""
-            raise ValueError(f"OpenVINO cannot run precision {self.precision!r} on this machine ({said}): use "
-                             f"precision='f32'{why}.") from error
+        precision its CPU plugin has no kernel for on this machine fails here, before the body gives anything up.
+        `checked`: the float32 compilation `_graph` has just run against PyTorch, which is this one at "f32"."""
+        if checked is not None and self.precision == "f32":
+            compiled = checked
+        else:
+            try:
+                compiled = compile_graph(self.graph, _tensors(self.shadow), self.precision, self.threads)
+                inputs = example_inputs(self.shadow.config, [i.get_any_name() for i in compiled.inputs])
+                compiled.create_infer_request().infer({name: value.numpy() for name, value in inputs.items()})
+            except RuntimeError as error:
+                said, capped = str(error).strip().splitlines()[-1], os.environ.get("ONEDNN_MAX_CPU_ISA")
+                why = (f"; ONEDNN_MAX_CPU_ISA={capped} caps the oneDNN inside OpenVINO's CPU plugin, which picks "
+                       f"its kernels by the CPU it finds") if capped else ""
+                raise ValueError(f"OpenVINO cannot run precision {self.precision!r} on this machine ({said}): use "
+                                 f"precision='f32'{why}.") from error
         self.names = [output.get_any_name() for output in compiled.outputs]
         self.token_types = any(i.get_any_name() == "token_type_ids" for i in compiled.inputs)
         return compiled
@@ -165,51 +170,34 @@ class OwnedEncoder:
 
     def __call__(self, *args, **kwargs):
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        output = self._hot(arguments)
-        if output is not None:
-            return output
         feeds = self._feeds(arguments)
         if feeds is None:
             return self._pytorch(args, kwargs)
+        B, T = feeds["input_ids"].shape
+        tokens = int(feeds["attention_mask"].sum())
+        if tokens == B * T and self.compiled is not None and (
+                choice.CHOICE == "engine" or self.choice.decision(choice.key_of(B, tokens))):
+            return self._hot(feeds, arguments)
         return choice.answer(self.choice, feeds["attention_mask"], lambda: self._answer(feeds, arguments),
                              lambda: self._pytorch(args, kwargs))
 
-    def _hot(self, arguments: dict):
-        """The path of what an embedding service sends most: one request without padding (int64 ids, mask and
-        segment ids, as tokenizers return them) of a size decided for OpenVINO. OpenVINO writes straight into the
-        output's memory, and is called as start + wait, which answers 0.5-0.9 ms sooner than `infer()` after an idle
-        moment (MiniLM 1x16, AMD Zen 5; docs/performance.md). The checks run first, all of them: run beside
-        OpenVINO's threads on a 2-core machine they slowed both. None where this path does not apply."""
-        get = arguments.get
-        input_ids, mask, types = get("input_ids"), get("attention_mask"), get("token_type_ids")
-        compiled = self.compiled
-        if compiled is None or any(value is not None for name, value in arguments.items() if name not in _PLAIN) \
-                or not all(map(_plain_ids, (input_ids, input_ids if mask is None else mask,
-                                            input_ids if types is None else types))) \
-                or (mask is not None and mask.shape != input_ids.shape) \
-                or (types is not None and (types.shape != input_ids.shape or not self.token_types)):
-            return None
-        ids = input_ids.numpy()
-        B, T = ids.shape
-        masks = np.ones_like(ids) if mask is None else mask.numpy()
-        tokens = int(masks.sum())
-        if tokens != B * T or not (choice.CHOICE == "engine" or self.choice.decision(choice.key_of(B, tokens))) \
-                or self._feeds(arguments) is None:
-            return None  # padding to trim, a size measured or decided for PyTorch, a value to refuse: the full path
+    def _hot(self, feeds: dict, arguments: dict):
+        """The path of what an embedding service sends most: one request without padding, of a size decided for
+        OpenVINO. OpenVINO writes straight into the output's memory, and is called as start + wait, which answers
+        0.5-0.9 ms sooner than `infer()` after an idle moment (MiniLM 1x16, AMD Zen 5; docs/performance.md). The
+        checks run first, all of them: run beside OpenVINO's threads on a 2-core machine they slowed both."""
         with self.lock:
             self._follow()
-        compiled = self.compiled
-        feeds = {"input_ids": ids, "attention_mask": masks}
-        if self.token_types:
-            feeds["token_type_ids"] = np.zeros_like(ids) if types is None else types.numpy()
+            compiled = self.compiled
         request = self._request(compiled, hot=True)
+        B, T = feeds["input_ids"].shape
         width = self.shadow.config.hidden_size
         outputs = [np.empty((B, T, width), np.float32)] + [np.empty((B, width), np.float32)] * (len(self.names) - 1)
         for index, array in enumerate(outputs):
             request.set_output_tensor(index, openvino.Tensor(array, shared_memory=True))
         request.start_async(feeds, share_inputs=True)
         request.wait()
-        return module_output(self.shadow, dict(zip(self.names, outputs)), get("return_dict"), self.dtype)
+        return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
 
     def _request(self, compiled, hot: bool = False):
         """This thread's infer request of `compiled` (one per thread: a request is not thread-safe), a second one for
@@ -345,15 +333,6 @@ class OwnedEncoder:
         self.lock, self.local = threading.RLock(), threading.local()
 
 
-# What the hot path (`_hot`) takes: these arguments, anything else None; ids as tokenizers return them.
-_PLAIN = {"input_ids", "attention_mask", "token_type_ids", "return_dict"}
-
-
-def _plain_ids(tensor) -> bool:
-    return (type(tensor) is torch.Tensor and tensor.dtype == torch.int64 and tensor.dim() == 2
-            and tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel() > 0)
-
-
 def held_repr() -> str:
     """What `print(model)` shows of a module whose tensors the engine holds."""
     return "weights held by OpenVINO: hf_vanilla.runtimes.openvino.remove_openvino(model) gives them back"
@@ -392,25 +371,7 @@ def compile_graph(graph: bytes, tensors: dict, precision: str, threads: int):
     return core.compile_model(model, "CPU", config)
 
 
-def _probe(shadow, compiled) -> float:
-    """max |OpenVINO - PyTorch| / max(1, |PyTorch|) over the outputs, at the real tokens of a right-padded request."""
-    names = [i.get_any_name() for i in compiled.inputs]
-    inputs = example_inputs(shadow.config, [n for n in names if n != "token_type_ids"], length=PROBE_TOKENS)
-    with torch.inference_mode():
-        expected = type(shadow).forward(shadow, **inputs, return_dict=True)
-    feeds = {name: value.numpy() for name, value in inputs.items()}
-    if "token_type_ids" in names:
-        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
-    results = compiled.create_infer_request().infer(feeds)
-    real = inputs["attention_mask"].bool().numpy()
-    worst = 0.0
-    for output in compiled.outputs:
-        name, array = output.get_any_name(), results[output]
-        reference = getattr(expected, name).numpy()
-        if array.shape != reference.shape:
-            return float("inf")
-        if name == "last_hidden_state":
-            array, reference = array[real], reference[real]
-        worst = max(worst, float(np.abs(array - reference).max()) / max(1.0, float(np.abs(reference).max())))
-    return worst if worst == worst else float("inf")
-
+def _runner(compiled):
+    """`run(feeds) -> {output name: array}` on a fresh infer request of `compiled` (for `batches.probe`)."""
+    request = compiled.create_infer_request()
+    return lambda feeds: {output.get_any_name(): array for output, array in request.infer(feeds).items()}
