@@ -1,0 +1,384 @@
+"""An engine that owns the weights it compiled: what OpenVINO (`runtime="openvino"`) and ONNX Runtime holding its
+weights (`runtime="onnxruntime", runtime_options={"owned": True}`) share. Each engine's own module says what it
+compiles and how it runs it (`build`, `run`); this one says how the weights are held, and which changes the engine
+follows or refuses.
+
+Why own them. An engine's lead on short requests is that it lays each weight out for its kernels once, when it
+compiles (docs/performance.md: OpenVINO's profile on Zen 3 spent 11.5 of 12.3 ms in `FullyConnected`; fed the
+weights as inputs on every call, as `runtime="onnxruntime"` does by default, it is 2.3-4.4x slower at 16 tokens),
+and int8 products need weights quantized once. A compiled copy can only be trusted while nothing else writes the
+weights, and nothing short of reading every weight tells a `.data` or numpy write from no write. So the engine
+takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`), and the
+body the user holds keeps its modules, config and code but no tensor (`model.parameters()` has none of them;
+`layer.weight` is an AttributeError). Every change then comes through a door the engine keeps:
+- `state_dict()` / `save_pretrained` write the shadow's tensors (copies) under the body's names, so any class
+  loads the checkpoint whole; `load_state_dict` (also `assign=True`) loads into the shadow and recompiles;
+- a module replaced or added, a method patched on a class, a config value changed (the body compared with what was
+  compiled on every call, `hf_vanilla.runtimes.watch`): the tensors go back into the body, and it is traced and
+  compiled again (seconds), with the new modules' own tensors;
+- `model.to(dtype)` to a dtype the engine computes in (`FOLLOWS`: OpenVINO float32 and bfloat16): the engine
+  follows (the shadow moves, the engine recompiles at that precision); to another dtype or device, it refuses,
+  naming the call that gives the weights back (`REMOVE`);
+- training (`model.train()`) and forward hooks inside the body, which the graph would not run, are refused, naming
+  that call, which gives the tensors back to the body.
+
+What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
+no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
+same weights) answers everything else, and, per request size, whichever of the two measured faster
+(hf_vanilla/runtimes/choice.py). Padded batches run as groups of rows of similar length (batches.py). Both answer
+within the parity rule of each other at float32; at bfloat16 and int8 the engines' kernels round differently from
+PyTorch's (the tests hold each to its precision's rule).
+
+What it takes: the bodies of `vanilla_encoder` models (`model.base_model`, embeddings to pooler). It refuses a model
+whose other modules share a tensor with a body (a masked-LM head tied to the word embeddings: the body's copy and
+the head's would part), and encoder-decoders (their encoder shares the embeddings with the decoder): those run on
+`runtime="onnxruntime"` with its weights fed.
+"""
+
+import copy
+import functools
+import inspect
+import threading
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from ..kernels import is_tracing
+from . import choice
+from .batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
+from .cache import GraphCache, cache_key, export_graph
+from .watch import Watch, class_code, hooked, structure_of
+
+
+class OwnedEncoder:
+    """A body's `forward` while an engine runs it: the body's weights held in `shadow`, the engine compiled from
+    them. Subclasses name the engine and say how it compiles (`build`) and runs (`run`, `run_dense`)."""
+
+    RUNTIME = ""  # the runtime= name, in messages
+    REMOVE = ""  # the call that gives the weights back, in messages
+    PRECISIONS: dict = {}  # precision -> the dtype the shadow holds
+    FOLLOWS: dict = {}  # dtype a model.to(...) may move to -> the precision the engine then computes in
+
+    @property
+    def marker(self) -> str:
+        """The one tensor the body still has: an empty parameter of the engine's dtype, so that model.to(...) tells
+        the engine where the model was moved, and model.dtype / model.device (read off the parameters) still
+        answer. Never saved."""
+        return f"_{self.RUNTIME}_marker"
+
+    def __init__(self, unit, precision: str, threads: int, cache: GraphCache):
+        self.unit, self.precision, self.threads, self.cache = unit, precision, threads, cache
+        self.lock = threading.RLock()  # one rebuild at a time; calls check the body under it
+        self.local = threading.local()  # per-thread state of the compiled engine (OpenVINO's infer requests)
+        self.choice = choice.engine_or_pytorch(self.RUNTIME)
+        self._take()
+
+    # ---- what an engine says: how it compiles and runs --------------------------------------------------------
+
+    def build(self, tensors: dict, precision: str):
+        """The engine compiled from `self.graph` with `tensors` (name -> float32 array) as its weights, at
+        `precision`; at a reduced precision run once on a short request, raising ValueError naming the fix where
+        this machine cannot run it."""
+        raise NotImplementedError
+
+    def run(self, compiled, feeds: dict) -> list:
+        """The graph's outputs (numpy arrays, in `self.names` order) for `feeds`, computed by `compiled`."""
+        raise NotImplementedError
+
+    def run_dense(self, compiled, feeds: dict) -> list:
+        """`run` for one request without padding (what an embedding service sends most): the engine's fastest
+        call."""
+        return self.run(compiled, feeds)
+
+    def outputs_of(self, compiled) -> tuple[list, bool]:
+        """(the graph's output names in order, whether it reads token_type_ids)."""
+        raise NotImplementedError
+
+    # ---- taking the weights, and giving them back -------------------------------------------------------------
+
+    def _take(self) -> None:
+        """Move the body's tensors into a private copy of it, trace it (or find its graph), compile, and put the
+        engine in front of the body's forward, with its state-dict doors."""
+        unit = self.unit
+        # Its own tensors, the body's own forward (the engine is not in front yet), and the body's config object: what
+        # a user sets on model.config reaches both (a field the graph baked in is a change the watch sees).
+        shadow = copy.deepcopy(unit, {id(unit.config): unit.config})
+        dtype = self.PRECISIONS[self.precision]
+        self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
+        self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
+        # Traced and compiled before the body gives anything up: a failure leaves it whole.
+        self.graph, checked = self._graph()
+        self._compile(checked)
+        self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
+        for module in unit.modules():  # the body keeps its modules and code, no tensor
+            if module._parameters or module._buffers:
+                module.extra_repr = functools.partial(held_repr, self)  # torch's own reads the weights
+            module._parameters.clear()
+            module._buffers.clear()
+            module._non_persistent_buffers_set.clear()
+        unit.register_parameter(self.marker, torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False))
+        unit.forward = self
+        unit.register_state_dict_post_hook(functools.partial(OwnedEncoder.save, self))  # torch marks the hook:
+        unit.register_load_state_dict_pre_hook(functools.partial(OwnedEncoder.load, self))  # not a bound method
+        self.structure, self.code = structure_of(unit), class_code(unit)
+        self.watch = self._watch()
+
+    def give_back(self) -> None:
+        """Put the shadow's tensors back into the body's modules, by path (modules added since keep their own), and
+        the body's own forward and state-dict methods."""
+        unit, own = self.unit, dict(self.shadow.named_modules())
+        vars(unit).pop("forward", None)
+        for hooks in (unit._state_dict_hooks, unit._load_state_dict_pre_hooks):
+            for key in [key for key, hook in hooks.items() if getattr(getattr(hook, "hook", hook), "args", ())[:1]
+                        == (self,)]:
+                del hooks[key]
+        unit._parameters.pop(self.marker, None)
+        for path, module in unit.named_modules():
+            source = own.get(path)
+            if source is None or type(source) is not type(module) or module._parameters or module._buffers:
+                continue  # new since attach (or the marker's): it holds its own tensors
+            vars(module).pop("extra_repr", None)
+            module._parameters.update(source._parameters)
+            module._buffers.update(source._buffers)
+            module._non_persistent_buffers_set.update(source._non_persistent_buffers_set)
+        for name, parameter in unit.named_parameters():
+            parameter.requires_grad_(name not in self.frozen)
+
+    # ---- the graph and its compilation ------------------------------------------------------------------------
+
+    def _graph(self) -> tuple:
+        """(the shadow's graph reading its weights as inputs, from the cache or traced, the engine's float32
+        compilation of it that was checked against PyTorch (`batches.probe`))."""
+        shadow = self.shadow.float() if self.dtype != torch.float32 else self.shadow
+        try:
+            structure = structure_of(shadow)
+            inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if shadow.config.type_vocab_size else [])
+            outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(shadow, "pooler", None) is not None
+                                                 else ())
+            key = cache_key(shadow, structure, inputs, outputs)
+            for fresh in (False, True):
+                self.graph = self.cache.load(key) if not fresh else export_graph(shadow, inputs, outputs, key)
+                if self.graph is None:
+                    continue
+                checked = self.build(tensors_of(shadow), "f32")
+                names, _ = self.outputs_of(checked)
+                worst = probe(shadow.config, type(shadow).forward.__get__(shadow),
+                              lambda feeds: dict(zip(names, self.run(checked, feeds))), "token_type_ids" in inputs)
+                if worst <= PROBE_TOLERANCE:
+                    if fresh:
+                        self.cache.store(key, self.graph)
+                    return self.graph, checked
+                self.cache.discard(key)
+            raise RuntimeError(f"The {self.RUNTIME} graph of {type(shadow).__name__} differs from PyTorch by "
+                               f"{worst:.2e} x max(1, |output|): runtime={self.RUNTIME!r} cannot run this model "
+                               f"holding its weights; use PyTorch or runtime='onnxruntime'.")
+        finally:
+            shadow.to(self.dtype)
+
+    def _compile(self, checked=None) -> None:
+        """The engine compiled from the shadow's tensors at the engine's precision. `checked`: the float32
+        compilation `_graph` has just run against PyTorch, which is this one at "f32"."""
+        compiled = checked if checked is not None and self.precision == "f32" else self.build(
+            tensors_of(self.shadow), self.precision)
+        self.names, self.token_types = self.outputs_of(compiled)
+        self.compiled, self.local = compiled, threading.local()
+
+    # ---- calls ------------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
+        feeds = self._feeds(arguments)
+        if feeds is None:
+            return self._pytorch(args, kwargs)
+        B, T = feeds["input_ids"].shape
+        tokens = int(feeds["attention_mask"].sum())
+        if tokens == B * T and self.compiled is not None and (
+                choice.CHOICE == "engine" or self.choice.decision(choice.key_of(B, tokens))):
+            return self._hot(feeds, arguments)
+        return choice.answer(self.choice, feeds["attention_mask"], lambda: self._answer(feeds, arguments),
+                             lambda: self._pytorch(args, kwargs))
+
+    def _hot(self, feeds: dict, arguments: dict):
+        """The path of one request without padding, of a size decided for the engine. The checks run first, all of
+        them: run beside an engine's threads on a 2-core machine they slowed both."""
+        with self.lock:
+            self._follow()
+            compiled = self.compiled
+        outputs = self.run_dense(compiled, feeds)
+        return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
+
+    def _answer(self, feeds: dict, arguments: dict):
+        """The body's output for `feeds`, computed by the engine (rows grouped by length), in the shadow's dtype."""
+        with self.lock:
+            self._follow()
+            compiled = self.compiled
+        outputs = run_grouped(lambda part: self.run(compiled, part), feeds, grouping(feeds))
+        return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
+
+    def _watch(self) -> Watch:
+        """The per-call check of the body (hf_vanilla/runtimes/watch.py), its marker the one tensor it follows."""
+        return Watch(self.unit, list(self.unit._parameters.values()))
+
+    def _pytorch(self, args, kwargs):
+        """The shadow's answer: eager PyTorch on the engine's own copy of the weights."""
+        with self.lock:
+            self._follow()
+            shadow = self.shadow
+        return type(shadow).forward(shadow, *args, **kwargs)
+
+    def _follow(self) -> None:
+        """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
+        unit = self.unit
+        if self.compiled is None:  # unpickled or deep-copied: compile from the shadow's tensors
+            self.code, self.watch = class_code(unit), self._watch()
+            self._compile()
+        if self.watch.unchanged():
+            return
+        if structure_of(unit) != self.structure or class_code(unit) != self.code:
+            self.give_back()  # a module replaced, a class patched, a config value changed: compile it anew
+            self._take()
+            return
+        if any(module.training for module in unit.modules()):
+            raise RuntimeError(f"runtime={self.RUNTIME!r} runs inference only and holds the encoder's weights: call "
+                               f"model.eval(), or {self.REMOVE} to train.")
+        if hooked(unit):
+            raise RuntimeError(f"Forward hooks are set inside an encoder whose weights runtime={self.RUNTIME!r} "
+                               f"holds, and its graph would not run them: call {self.REMOVE} first.")
+        marker = unit._parameters.get(self.marker)
+        follows = marker is not None and marker.device.type == "cpu" and marker.dtype in self.FOLLOWS
+        if not follows or (self.precision == "int8" and marker.dtype != torch.float32):
+            where = "lost its marker" if marker is None else f"moved to {marker.dtype} on {marker.device}"
+            raise RuntimeError(f"The model {where} after runtime={self.RUNTIME!r} took its encoder's weights, which "
+                               f"stay in the engine on the CPU at precision {self.precision!r}: call model.float() "
+                               f"to go on, or {self.REMOVE} first.")
+        if marker.dtype != self.dtype:  # model.to(torch.bfloat16) or .float(): follow
+            self.precision = self.FOLLOWS[marker.dtype]
+            self.dtype = self.PRECISIONS[self.precision]
+            self.shadow.to(self.dtype)
+            self._compile()
+        self.watch = self._watch()
+
+    def _feeds(self, arguments: dict):
+        """The graph's inputs, or None where PyTorch (the shadow) must answer."""
+        get = arguments.get
+        config = self.shadow.config
+        if (
+            get("input_ids") is None or get("inputs_embeds") is not None or get("position_ids") is not None
+            or get("past_key_values") is not None or get("encoder_hidden_states") is not None
+            or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
+            or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
+            or is_tracing()
+        ):
+            return None
+        feeds = feeds_for(config, get("input_ids"), get("attention_mask"), get("token_type_ids"))
+        if feeds is not None and self.token_types and "token_type_ids" not in feeds:
+            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        return feeds
+
+    # ---- the doors: state dicts, copies, pickling --------------------------------------------------------------
+
+    def save(self, module, state_dict: dict, prefix: str, local_metadata) -> None:
+        """`state_dict()`'s hook on the body: the shadow's tensors, copied (a write into them must not reach the
+        engine unseen)."""
+        with self.lock:
+            state_dict.pop(prefix + self.marker, None)
+            for name, tensor in self.shadow.state_dict().items():
+                state_dict[prefix + name] = tensor.detach().clone()
+
+    def load(self, module, state_dict: dict, prefix: str, local_metadata, strict, missing_keys, unexpected_keys,
+             error_msgs) -> None:
+        """`load_state_dict()`'s hook on the body: the shadow's keys are taken out of `state_dict`, loaded into the
+        shadow (as `load_state_dict` would, `assign=` included), and the engine is compiled from them."""
+        with self.lock:
+            if structure_of(self.unit) != self.structure:  # a module replaced: its keys go to it, not the shadow
+                self.give_back()
+                self._take()
+            own = self.shadow.state_dict()
+            mine = {name[len(prefix):]: state_dict.pop(name).detach().clone() for name in list(state_dict)
+                    if name.startswith(prefix) and name[len(prefix):] in own}  # copies: the caller keeps its tensors
+            result = self.shadow.load_state_dict(mine, strict=False,
+                                                 assign=local_metadata.get("assign_to_params_buffers", False))
+            missing_keys.extend(prefix + name for name in result.missing_keys)
+            marker = module._parameters.get(self.marker)
+            if marker is not None:  # not in any checkpoint: loaded as itself
+                state_dict[prefix + self.marker] = marker
+            self.shadow.requires_grad_(False).to(self.dtype)
+            self._compile()
+
+    def __deepcopy__(self, memo):
+        clone = object.__new__(type(self))
+        vars(clone).update(vars(self))
+        clone.unit, clone.shadow = copy.deepcopy(self.unit, memo), copy.deepcopy(self.shadow, memo)
+        clone.lock, clone.local, clone.choice = threading.RLock(), threading.local(), copy.deepcopy(self.choice)
+        clone.watch, clone.compiled = None, None  # built at its first call, on the copy
+        return clone
+
+    def __getstate__(self):
+        """Pickled with the model: the shadow and the graph's bytes; compiled again at the first call."""
+        return dict(vars(self), lock=None, local=None, compiled=None, watch=None, code=None)
+
+    def __setstate__(self, state):
+        vars(self).update(state)
+        self.lock, self.local = threading.RLock(), threading.local()
+
+
+def held_repr(engine: OwnedEncoder) -> str:
+    """What `print(model)` shows of a module whose tensors the engine holds."""
+    return f"weights held by runtime={engine.RUNTIME!r}: {engine.REMOVE} gives them back"
+
+
+def tensors_of(shadow) -> dict:
+    """The shadow's tensors by the names the graph reads them, as float32 numpy arrays."""
+    return {name: tensor.detach().float().numpy() for name, tensor in [*shadow.named_parameters(),
+                                                                       *shadow.named_buffers()]}
+
+
+def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str):
+    """Put `engine` (an OwnedEncoder class) in front of each encoder body of `model`, holding its weights at
+    `precision`, after the checks that leave the model whole when it cannot (the module docstring); `call` names the
+    function in messages. Returns `model`."""
+    if precision not in engine.PRECISIONS:
+        raise ValueError(f"{call}(precision={precision!r}): use one of {sorted(engine.PRECISIONS)}.")
+    units = [module.base_model for module in model.modules() if isinstance(module, PreTrainedModel)
+             and module.config.model_type == "vanilla_encoder" and not module.config.is_decoder]
+    units = list({id(unit): unit for unit in units}.values())
+    if not units:
+        raise ValueError(f"{type(model).__name__} has no vanilla encoder body for {call} to hold: it takes a "
+                         f"VanillaEncoder* model (encoder-decoders run on runtime='onnxruntime', weights fed).")
+    if model.training:
+        raise ValueError(f"{call} runs inference only: call model.eval() first.")
+    inside = {id(tensor) for unit in units for tensor in [*unit.parameters(), *unit.buffers()]}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if tensor.device.type != "cpu" or tensor.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"{call} takes a float32 or bfloat16 model on the CPU, and {name} is "
+                             f"{tensor.dtype} on {tensor.device}: call model.float().cpu() first.")
+    outside = [name for name, tensor in _outside(model, units) if id(tensor) in inside]
+    if outside:
+        raise ValueError(f"{outside[0]} is shared with the encoder body that {call} would hold, and the two copies "
+                         f"would part: run this model on runtime='onnxruntime' with its weights fed, or untie them.")
+    cache = GraphCache(cache_dir)
+    for unit in units:
+        engine(unit, precision, threads or torch.get_num_threads(), cache)
+    return model
+
+
+def give_back_all(model, engine: type):
+    """Undo `hold`: each body an `engine` holds gets its weights back (as the engine holds them) and runs in
+    PyTorch. Returns `model`."""
+    for module in model.modules():
+        held = vars(module).get("forward")
+        if isinstance(held, engine):
+            held.give_back()
+    return model
+
+
+def _outside(model, units):
+    """(name, tensor) of every parameter and buffer of `model` outside the bodies `units`."""
+    inner = {id(module) for unit in units for module in unit.modules()}
+    for path, module in model.named_modules(remove_duplicate=False):
+        if id(module) in inner:
+            continue
+        for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+            if tensor is not None:
+                yield f"{path}.{name}" if path else name, tensor
