@@ -80,20 +80,26 @@ def _skip_openvino_under_an_isa_cap():
                     "names precision='f32')")
 
 
-def _openvino(precision, choice="engine"):
+def _held(runtime, precision, choice="engine"):
+    """A path whose engine holds the weights: `runtime` "openvino" or "onnxruntime" (owned=True)."""
     def make(model):
-        if precision != "f32":
+        if runtime == "openvino" and precision != "f32":
             _skip_openvino_under_an_isa_cap()
+        from hf_vanilla.runtime_registry import apply_runtime
         from hf_vanilla.runtimes import choice as runtime_choice
-        from hf_vanilla.runtimes.openvino import use_openvino
         runtime_choice.CHOICE = choice  # restored by the `path` fixture
-        return use_openvino(model, precision=precision, cache_dir=_GRAPHS[0])
+        return apply_runtime(model, runtime, **_held_options(runtime, precision))
     return make
 
 
-def _openvino_reload(precision):
+def _held_options(runtime, precision):
+    owned = {"owned": True} if runtime == "onnxruntime" else {}
+    return {**owned, "precision": precision, "cache_dir": _GRAPHS[0]}
+
+
+def _held_reload(runtime, precision):
     return lambda directory: VanillaEncoderModel.from_pretrained(
-        directory, runtime="openvino", runtime_options={"precision": precision, "cache_dir": _GRAPHS[0]})
+        directory, runtime=runtime, runtime_options=_held_options(runtime, precision))
 
 
 _GRAPHS = []  # the session's graph cache folder, set by the `paths` fixture
@@ -106,16 +112,23 @@ PATHS = [
     Path("bf16", lambda model: model.to(torch.bfloat16), torch.bfloat16,
          reload=lambda directory: VanillaEncoderModel.from_pretrained(directory, dtype=torch.bfloat16)),
     Path("compiled", lambda model: torch.compile(model, backend="aot_eager")),
-    # OpenVINO owns the weights: the model keeps none to edit, so only load_state_dict, a module replaced and a
-    # patched class reach it (each followed). Its int8 answer is OpenVINO's compressed-weight kernel's, which differs
-    # from float32 products on the dequantized weights by up to 1e-2 x max|output| (measured): no float32
-    # computation gives it exactly, so it is held to bfloat16's rule against float32 (an error of that order: 7 bits
-    # per weight row against bfloat16's 8 of mantissa).
-    Path("openvino", _openvino("f32"), reload=_openvino_reload("f32")),
-    Path("openvino chosen", _openvino("f32", "measure"), reload=_openvino_reload("f32")),
-    Path("openvino bf16", _openvino("bf16"), torch.bfloat16, reload=_openvino_reload("bf16")),
-    Path("openvino int8", _openvino("int8"), reload=_openvino_reload("int8"), rule_dtype=torch.bfloat16,
+    # OpenVINO, and ONNX Runtime with owned=True, hold the weights: the model keeps none to edit, so only
+    # load_state_dict, a module replaced and a patched class reach them (each followed). Their int8 answers are their
+    # own int8 kernels' (OpenVINO's compressed weights; ONNX Runtime's int8 products, activations quantized per call),
+    # which differ from float32 products on the dequantized weights by up to 1e-2 x max|output| (measured): no
+    # float32 computation gives them exactly, so they are held to bfloat16's rule against float32 (an error of that
+    # order: 7 bits per weight row against bfloat16's 8 of mantissa).
+    Path("openvino", _held("openvino", "f32"), reload=_held_reload("openvino", "f32")),
+    Path("openvino chosen", _held("openvino", "f32", "measure"), reload=_held_reload("openvino", "f32")),
+    Path("openvino bf16", _held("openvino", "bf16"), torch.bfloat16, reload=_held_reload("openvino", "bf16")),
+    Path("openvino int8", _held("openvino", "int8"), reload=_held_reload("openvino", "int8"),
+         rule_dtype=torch.bfloat16, refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+    Path("onnxruntime owned", _held("onnxruntime", "f32"), reload=_held_reload("onnxruntime", "f32"),
          refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+    Path("onnxruntime owned chosen", _held("onnxruntime", "f32", "measure"),
+         reload=_held_reload("onnxruntime", "f32"), refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+    Path("onnxruntime owned int8", _held("onnxruntime", "int8"), reload=_held_reload("onnxruntime", "int8"),
+         rule_dtype=torch.bfloat16, refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
 ]
 
 
@@ -318,16 +331,20 @@ def test_int8_has_no_float_weight_to_go_stale(plain):
         layer.weight.mul_(2)  # noqa: B018
 
 
-def test_openvino_leaves_no_weight_to_go_stale(plain):
-    """OpenVINO holds the encoder's weights: the model has none left to write (only the empty marker that follows
-    model.to), and remove_openvino gives them all back, as the engine holds them."""
-    from hf_vanilla.runtimes.openvino import remove_openvino, use_openvino
-    model = use_openvino(copy.deepcopy(plain), cache_dir=_GRAPHS[0] if _GRAPHS else None)
+@pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
+def test_a_held_engine_leaves_no_weight_to_go_stale(plain, runtime, tmp_path):
+    """An engine that holds the encoder's weights leaves the model none to write (only the empty marker that follows
+    model.to), and its remove_* call gives them all back, as the engine holds them."""
+    from hf_vanilla.runtime_registry import apply_runtime
+    from hf_vanilla.runtimes.onnxruntime import remove_onnx_runtime
+    from hf_vanilla.runtimes.openvino import remove_openvino
+    options = {"owned": True} if runtime == "onnxruntime" else {}
+    model = apply_runtime(copy.deepcopy(plain), runtime, cache_dir=_GRAPHS[0] if _GRAPHS else tmp_path, **options)
     assert [p.numel() for p in model.parameters()] == [0]
     with pytest.raises(AttributeError, match="weight"):
         model.encoder.layers[0].self_attn.q_proj.weight  # noqa: B018
     model.load_state_dict({name: tensor * 2 for name, tensor in plain.state_dict().items()})
-    remove_openvino(model)
+    (remove_openvino if runtime == "openvino" else remove_onnx_runtime)(model)
     state = model.state_dict()
     assert state.keys() == plain.state_dict().keys()
     assert all(torch.equal(state[name], tensor * 2) for name, tensor in plain.state_dict().items())

@@ -334,12 +334,14 @@ def tensors_of(shadow) -> dict:
                                                                        *shadow.named_buffers()]}
 
 
-def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str):
+def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str, remove):
     """Put `engine` (an OwnedEncoder class) in front of each encoder body of `model`, holding its weights at
-    `precision`, after the checks that leave the model whole when it cannot (the module docstring); `call` names the
-    function in messages. Returns `model`."""
+    `precision`, after the checks that leave the model whole when it cannot (the module docstring). `call` names the
+    function in messages; `remove(model)` takes off the engines already there once the arguments are known good.
+    Returns `model`."""
     if precision not in engine.PRECISIONS:
-        raise ValueError(f"{call}(precision={precision!r}): use one of {sorted(engine.PRECISIONS)}.")
+        raise ValueError(f"{call}: precision={precision!r} is not one of {sorted(engine.PRECISIONS)}.")
+    remove(model)
     units = [module.base_model for module in model.modules() if isinstance(module, PreTrainedModel)
              and module.config.model_type == "vanilla_encoder" and not module.config.is_decoder]
     units = list({id(unit): unit for unit in units}.values())

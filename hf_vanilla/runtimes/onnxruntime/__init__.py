@@ -9,8 +9,16 @@ Why: at small requests an eager PyTorch forward spends most of its time between 
 kernel launch per op); ONNX Runtime runs the same graph from C++ with fused kernels. Where that pays depends on the
 CPU: `benchmarks/engines.py` measures it, and docs/performance.md has the figures.
 
+    model = AutoModel.from_pretrained(path, runtime="onnxruntime", runtime_options={"owned": True, "precision": "int8"})
+
+Two ways to give it the weights. By default it is fed the model's own tensors on every call (engine.py: nothing is
+copied, so no write can go stale, and every vanilla encoder runs, encoder-decoders included). With `owned=True` it
+holds the BERT-style bodies' weights, compiled into its session once (owned.py): faster on short requests, and the
+only way to its int8 products (`precision="int8"`), under the ownership contract of hf_vanilla/runtimes/owned.py.
+
 engine.py holds OnnxEncoder: attach (trace or find the graph, probe it), the call (ONNX Runtime or PyTorch, which
-answers a request size), pickling. What it shares with the other engines is one floor up, in hf_vanilla/runtimes/.
+answers a request size), pickling; owned.py the engine holding its weights. What they share with the other engines
+is one floor up, in hf_vanilla/runtimes/.
 """
 
 import torch
@@ -19,14 +27,24 @@ from transformers import PreTrainedModel
 from ..batches import length_groups
 from ..cache import GraphCache
 from ..choice import runtime_choices
+from ..owned import give_back_all, hold
 from .engine import OnnxEncoder
+from .owned import OwnedOnnxEncoder
 
-def use_onnx_runtime(model, cache_dir=None, threads: int | None = None):
+
+def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: bool = False, precision: str = "f32"):
     """Run every encoder of `model` (a vanilla model) on ONNX Runtime where it gives the same answer (see the module
     docstring), and return `model`. `cache_dir`: where graphs are kept (default: $HF_VANILLA_ONNX_CACHE, else
     ~/.cache/hf_vanilla/onnx). `threads`: ONNX Runtime's intra-op threads (default: torch's `get_num_threads()`, so
-    both engines use what the process was given). Calling it again traces the model as it is now: exported once
-    per architecture, cheap otherwise."""
+    both engines use what the process was given). `owned=True`: ONNX Runtime holds the weights of each BERT-style
+    body (a float32 model in eval mode, its weights untied from any head), at `precision` "f32" or "int8".
+    Calling it again traces the model as it is now: exported once per architecture, cheap otherwise."""
+    if owned:
+        return hold(model, OwnedOnnxEncoder, precision, threads, cache_dir, "use_onnx_runtime(owned=True)",
+                    remove_onnx_runtime)
+    if precision != "f32":
+        raise ValueError(f"use_onnx_runtime(precision={precision!r}) needs owned=True: fed the model's weights on "
+                         f"every call, ONNX Runtime computes in float32; holding them, it quantizes them once.")
     units = encoder_units(model)
     if not units:
         raise ValueError(f"{type(model).__name__} has no vanilla encoder to run on ONNX Runtime; use_onnx_runtime "
@@ -59,7 +77,9 @@ def encoder_units(model) -> list:
 
 
 def remove_onnx_runtime(model):
-    """Undo `use_onnx_runtime`: every encoder runs in PyTorch again. Returns `model`."""
+    """Undo `use_onnx_runtime`: every encoder runs in PyTorch again (those it held get their weights back). Returns
+    `model`."""
+    give_back_all(model, OwnedOnnxEncoder)
     for module in model.modules():
         if isinstance(vars(module).get("forward"), OnnxEncoder):
             del module.forward

@@ -23,9 +23,7 @@ def use_openvino(model, precision: str = "f32", threads: int | None = None, cach
     engine, and return `model`. `threads`: OpenVINO's (default torch's `get_num_threads()`). `cache_dir`: where
     traced graphs are kept (the ONNX Runtime engine's cache: $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx).
     Calling it again compiles the model as it is."""
-    if precision in OpenVinoEncoder.PRECISIONS:
-        remove_openvino(model)
-    return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino")
+    return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino", remove_openvino)
 
 
 def remove_openvino(model):

@@ -1,27 +1,28 @@
-"""`runtime="openvino"` beyond the conformance battery (tests/test_conformance.py, rows `openvino*`, holds it to every
-edit, threads, saving, copies and moves): the heads around the body, what it refuses and how, and its choice per
-request size.
+"""The engines that hold the encoder's weights (hf_vanilla/runtimes/owned.py), `runtime="openvino"` and
+`runtime="onnxruntime"` with `owned=True`, beyond the conformance battery (tests/test_conformance.py, rows
+`openvino*` and `onnxruntime owned*`, holds them to every edit, threads, saving, copies and moves): the heads around
+the body, what they refuse and how, and their choice per request size. Each test runs on both engines.
 
 - a classification head on the engine: the same logits as PyTorch, the head's own weights still trainable, the
-  model saved and loaded back through `from_pretrained(runtime="openvino")`;
+  model saved and loaded back through `from_pretrained(runtime=...)`;
 - refused at attach with a one-line error naming the fix: a masked LM whose decoder is tied to the body's word
-  embeddings, an encoder-decoder, a model in training mode, a float16 model, an unknown precision;
+  embeddings, an encoder-decoder, a model in training mode, a float16 model, an unknown precision; and int8 asked of
+  ONNX Runtime fed its weights;
 - refused at attach with the fix named: a precision OpenVINO has no kernel for on this machine;
-- refused at the call, naming `remove_openvino`: training, a forward hook inside the body; `remove_openvino` gives the
-  weights back and the model trains again;
+- refused at the call, naming the engine's remove_* call: training, a forward hook inside the body; that call gives
+  the weights back and the model trains again;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
-- each request size runs whichever of OpenVINO and PyTorch measured faster (clock scripted).
+- each request size runs whichever of the engine and PyTorch measured faster (clock scripted).
 """
 
 import copy
+import importlib
 
 import pytest
 import torch
 from numerics import assert_close
 
-pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
-
-from hf_vanilla import (  # noqa: E402
+from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
     VanillaEncoderForSequenceClassification,
@@ -29,9 +30,9 @@ from hf_vanilla import (  # noqa: E402
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqModel,
 )
-from hf_vanilla.runtimes import choice  # noqa: E402
-from hf_vanilla.runtimes.choice import runtime_choices  # noqa: E402
-from hf_vanilla.runtimes.openvino import remove_openvino, use_openvino  # noqa: E402
+from hf_vanilla.runtime_registry import apply_runtime
+from hf_vanilla.runtimes import choice
+from hf_vanilla.runtimes.choice import runtime_choices
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               max_position_embeddings=64, num_labels=3)
@@ -40,6 +41,29 @@ CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_
 @pytest.fixture
 def graphs(tmp_path_factory):
     return tmp_path_factory.mktemp("graphs")
+
+
+@pytest.fixture(params=["openvino", "onnxruntime"])
+def held(request):
+    """The runtime= name of an engine that holds the weights."""
+    pytest.importorskip(request.param, reason=f"runtime={request.param!r} needs its extra: pip install -e "
+                                              f"'.[openvino]'")
+    return request.param
+
+
+def options(held, **more):
+    """runtime_options for `held` (ONNX Runtime holds the weights only when asked)."""
+    return {"owned": True, **more} if held == "onnxruntime" else more
+
+
+def hold(model, held, graphs, **more):
+    return apply_runtime(model, held, cache_dir=graphs, **options(held, **more))
+
+
+def remove(held):
+    """The call that gives `held`'s weights back, and its name in messages."""
+    name = {"openvino": "remove_openvino", "onnxruntime": "remove_onnx_runtime"}[held]
+    return getattr(importlib.import_module(f"hf_vanilla.runtimes.{held}"), name), name
 
 
 @pytest.fixture
@@ -55,10 +79,10 @@ def batch(B=3, T=9):
     return {"input_ids": input_ids, "attention_mask": mask}
 
 
-def test_a_head_around_the_body(graphs, engine_only, tmp_path):
+def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
     torch.manual_seed(0)
     plain = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval()
-    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
+    model = hold(copy.deepcopy(plain), held, graphs)
     inputs = batch()
     with torch.inference_mode():
         assert_close(model(**inputs).logits, plain(**inputs).logits)
@@ -66,7 +90,7 @@ def test_a_head_around_the_body(graphs, engine_only, tmp_path):
     assert trainable == {name for name, _ in plain.named_parameters() if name.startswith("classifier")}
     model.save_pretrained(tmp_path)
     reloaded = VanillaEncoderForSequenceClassification.from_pretrained(
-        tmp_path, runtime="openvino", runtime_options={"cache_dir": str(graphs)})
+        tmp_path, runtime=held, runtime_options=options(held, cache_dir=str(graphs)))
     with torch.inference_mode():
         assert_close(reloaded(**inputs).logits, plain(**inputs).logits)
 
@@ -76,11 +100,11 @@ def test_a_head_around_the_body(graphs, engine_only, tmp_path):
     ("encoder-decoder", r"no vanilla encoder body.*runtime='onnxruntime'"),
     ("training", r"model\.eval\(\)"),
     ("float16", r"float32 or bfloat16 model on the CPU.*model\.float\(\)\.cpu\(\)"),
-    ("precision", r"precision='fp8'.*'bf16', 'f32', 'int8'"),
+    ("precision", r"precision='fp8' is not one of \[.*'f32', 'int8'\]"),
 ])
-def test_what_it_refuses_at_attach(graphs, case, error):
+def test_what_it_refuses_at_attach(held, graphs, case, error):
     config = VanillaEncoderConfig(**CONFIG)
-    model, options = VanillaEncoderModel(config).eval(), {}
+    model, more = VanillaEncoderModel(config).eval(), {}
     if case == "tied masked LM":
         model = VanillaEncoderForMaskedLM(config).eval()
     elif case == "encoder-decoder":
@@ -93,29 +117,30 @@ def test_what_it_refuses_at_attach(graphs, case, error):
     elif case == "float16":
         model.to(torch.float16)
     else:
-        options["precision"] = "fp8"
+        more["precision"] = "fp8"
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     with pytest.raises(ValueError, match=error):
-        use_openvino(model, cache_dir=graphs, **options)
+        hold(model, held, graphs, **more)
     after = model.state_dict()  # refused before taking anything
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
 
 
-def test_what_it_refuses_at_the_call_and_remove_openvino(graphs, engine_only):
+def test_what_it_refuses_at_the_call_and_remove(held, graphs, engine_only):
+    give_back, name = remove(held)
     torch.manual_seed(0)
     plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
-    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
+    model = hold(copy.deepcopy(plain), held, graphs)
     inputs = batch()
     model.train()
-    with pytest.raises(RuntimeError, match=r"inference only.*remove_openvino\(model\)"):
+    with pytest.raises(RuntimeError, match=rf"inference only.*{name}\(model\)"):
         model(**inputs)
     model.eval()
     handle = model.encoder.layers[0].register_forward_hook(lambda *args: None)
-    with pytest.raises(RuntimeError, match=r"Forward hooks.*remove_openvino\(model\)"):
+    with pytest.raises(RuntimeError, match=rf"Forward hooks.*{name}\(model\)"):
         model(**inputs)
     handle.remove()
     model(**inputs)
-    remove_openvino(model)
+    give_back(model)
     assert all(p.requires_grad for p in model.parameters())
     model.train()
     loss = model(**inputs).last_hidden_state.square().mean()
@@ -125,10 +150,10 @@ def test_what_it_refuses_at_the_call_and_remove_openvino(graphs, engine_only):
         assert torch.equal(model.state_dict()[name], tensor), name
 
 
-def test_the_config_reaches_the_engine(graphs, engine_only):
+def test_the_config_reaches_the_engine(held, graphs, engine_only):
     torch.manual_seed(0)
     plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
-    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
+    model = hold(copy.deepcopy(plain), held, graphs)
     inputs = batch()
     model.config.output_hidden_states = True
     plain.config.output_hidden_states = True
@@ -140,14 +165,14 @@ def test_the_config_reaches_the_engine(graphs, engine_only):
         assert_close(have[real], expected[real])
 
 
-def test_each_request_size_runs_the_faster_engine(graphs, scripted_clock, monkeypatch):
-    """OpenVINO scripted 3x faster at one row of 8 tokens and 3x slower at eight rows of 32: the first size decides
-    for OpenVINO, the second for PyTorch, after the measured calls."""
+def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, monkeypatch):
+    """The engine scripted 3x faster at one row of 8 tokens and 3x slower at eight rows of 32: the first size
+    decides for the engine, the second for PyTorch, after the measured calls."""
     monkeypatch.setattr(choice, "CHOICE", "measure")
     torch.manual_seed(0)
-    model = use_openvino(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), cache_dir=graphs)
+    model = hold(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), held, graphs)
     engine = vars(model)["forward"]
-    openvino_answer, pytorch_answer = engine._answer, engine._pytorch
+    engine_answer, pytorch_answer = engine._answer, engine._pytorch
 
     def timed(call, seconds):
         def run(*args):
@@ -156,7 +181,7 @@ def test_each_request_size_runs_the_faster_engine(graphs, scripted_clock, monkey
         return run
 
     size = {}
-    monkeypatch.setattr(engine, "_answer", timed(openvino_answer, lambda: 1.0 if size["small"] else 9.0))
+    monkeypatch.setattr(engine, "_answer", timed(engine_answer, lambda: 1.0 if size["small"] else 9.0))
     monkeypatch.setattr(engine, "_pytorch", timed(pytorch_answer, lambda: 3.0))
     for small, inputs in ((True, batch(1, 8)), (False, batch(8, 32))):
         size["small"] = small
@@ -167,10 +192,22 @@ def test_each_request_size_runs_the_faster_engine(graphs, scripted_clock, monkey
     assert sorted(decided.values()) == [False, True], decided
 
 
+def test_int8_needs_onnx_runtime_to_hold_the_weights(graphs):
+    """Fed the model's weights on every call, ONNX Runtime computes in float32: int8 is refused there, naming
+    owned=True, before anything is attached."""
+    from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
+
+    model = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    with pytest.raises(ValueError, match=r"precision='int8'.*owned=True"):
+        use_onnx_runtime(model, cache_dir=graphs, precision="int8")
+    assert "forward" not in vars(model) and len(list(model.parameters())) > 1
+
+
 def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatch):
     """Where OpenVINO's plugin has no kernel for a precision on this machine (seen under ONEDNN_MAX_CPU_ISA=AVX2 on
     an AVX-512 CPU), use_openvino says so and names precision='f32', and the model keeps its weights."""
-    from hf_vanilla.runtimes.openvino import engine
+    pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
+    from hf_vanilla.runtimes.openvino import engine, use_openvino
 
     compile_graph = engine.compile_graph
 

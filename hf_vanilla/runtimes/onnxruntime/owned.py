@@ -1,0 +1,143 @@
+"""ONNX Runtime holding the encoder's weights: `use_onnx_runtime(model, owned=True, precision="f32" | "int8")`, an
+`OwnedOnnxEncoder` in front of each BERT-style body (hf_vanilla/runtimes/owned.py: how the weights are held, and
+which changes it follows or refuses).
+
+Why, beside the engine fed its weights (engine.py). A session whose weights are its own initializers packs them for
+its kernels once, at session creation; fed them on every call it packs them on every call, which is most of a short
+request (docs/performance.md). And only weights it holds can be quantized once.
+
+int8. Every projection (each MatMul of a constant weight, the pooler's included) becomes ONNX Runtime's dynamic
+int8 product (`quantize_dynamic`: the weight int8 per output column, the activation quantized to uint8 at each
+call), which its MLAS kernels compute in int8 with AVX-512 VNNI, AVX-VNNI or AMX where the CPU has them. That
+activation quantization is one scale per tensor, and one token with large activations then flattens every other
+token's: on MiniLM and real sentences the lowest per-token cosine against float32 was 0.968, below CTranslate2's
+int8 (0.986). So each token is first divided by its own largest |x| and the product multiplied back by it
+(`token_ranges`), as `hf_vanilla.precision.Int8Linear` does for the same reason: per-token quantization from
+per-tensor kernels, lowest cosine 0.992, for 9-13% of the int8 time on bert-base (AMD Zen 5; docs/performance.md).
+Embeddings, norms and attention's own products stay float32; the shadow keeps and saves the float32 weights, and
+PyTorch's path runs them in float32.
+"""
+
+import contextlib
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from ..owned import OwnedEncoder
+from .engine import session_for
+
+
+class OwnedOnnxEncoder(OwnedEncoder):
+    """A body's `forward` while ONNX Runtime runs it, holding its weights."""
+
+    RUNTIME = "onnxruntime"
+    REMOVE = "hf_vanilla.runtimes.onnxruntime.remove_onnx_runtime(model)"
+    PRECISIONS = {"f32": torch.float32, "int8": torch.float32}  # the shadow's dtype
+    FOLLOWS = {torch.float32: "f32"}
+
+    def build(self, tensors: dict, precision: str):
+        graph = with_weights(onnx.load_from_string(self.graph), tensors)
+        if precision == "int8":
+            graph = quantized(graph)
+        return session_for(graph.SerializeToString(), self.threads)
+
+    def outputs_of(self, session) -> tuple[list, bool]:
+        return ([o.name for o in session.get_outputs()],
+                any(i.name == "token_type_ids" for i in session.get_inputs()))
+
+    def run(self, session, feeds: dict) -> list:
+        return session.run(None, feeds)
+
+
+def with_weights(graph: onnx.ModelProto, tensors: dict) -> onnx.ModelProto:
+    """`graph` (reading its weights as inputs) with `tensors` as its initializers. A weight read only through a
+    2-D transpose (every nn.Linear's, as torch.onnx exports it) is stored transposed in its place, so that each
+    projection is a MatMul of a constant, which is what ONNX Runtime's int8 quantizer looks for."""
+    nodes = graph.graph.node
+    readers = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    folded = set()
+    for value in list(graph.graph.input):
+        name = value.name
+        if name not in tensors:
+            continue  # a request input
+        array, uses = tensors[name], readers.get(name, [])
+        if array.ndim == 2 and uses and all(node.op_type == "Transpose" and _swaps(node) for node in uses):
+            for node in uses:
+                graph.graph.initializer.append(numpy_helper.from_array(array.T.copy(), node.output[0]))
+                folded.add(id(node))
+        else:
+            graph.graph.initializer.append(numpy_helper.from_array(array, name))
+        graph.graph.input.remove(value)
+    kept = [node for node in nodes if id(node) not in folded]
+    del graph.graph.node[:]
+    graph.graph.node.extend(kept)
+    return graph
+
+
+def _swaps(node) -> bool:
+    perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), None)
+    return perm in (None, [1, 0])
+
+
+def quantized(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """`graph` with every MatMul of a constant weight as ONNX Runtime's dynamic int8 product (weights int8, per
+    output column), each token's activations quantized on their own range (`token_ranges`), through ONNX Runtime's
+    own quantizer (which writes a file: a private temporary folder)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="hf_vanilla-int8-") as folder, _quiet_quantizer():
+        output = Path(folder) / "int8.onnx"
+        quantize_dynamic(token_ranges(graph), output, op_types_to_quantize=["MatMul"], per_channel=True,
+                         weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+        return onnx.load(output)
+
+
+def token_ranges(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """`graph` with each MatMul of a constant 2-D weight computed as s * ((x / s) W), s = max |x| per token (its
+    last axis): the rows the product sees all span [-1, 1], so a scale per tensor is a scale per token. Projections
+    reading the same x (q, k and v) share its s and x / s."""
+    body = graph.graph
+    weights = {tensor.name for tensor in body.initializer if len(tensor.dims) == 2}
+    opset = next(entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx"))
+    axis = "hf_vanilla.last_axis"
+    body.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axis))
+    nodes, ranged = [], {}
+    for node in body.node:
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            x = node.input[0]
+            if x not in ranged:
+                ranged[x] = scaled, top = f"{x}.per_token", f"{x}.token_max"
+                largest = (helper.make_node("ReduceMax", [f"{x}.abs", axis], [top], keepdims=1) if opset >= 18 else
+                           helper.make_node("ReduceMax", [f"{x}.abs"], [top], keepdims=1, axes=[-1]))
+                nodes += [helper.make_node("Abs", [x], [f"{x}.abs"]), largest,  # (..., 1)
+                          helper.make_node("Div", [x, top], [scaled])]  # (..., K), each row within [-1, 1]
+            scaled, top = ranged[x]
+            y = node.output[0]
+            node.input[0], node.output[0] = scaled, f"{y}.per_token"
+            nodes += [node, helper.make_node("Mul", [f"{y}.per_token", top], [y])]  # (..., N)
+        else:
+            nodes.append(node)
+    del body.node[:]
+    body.node.extend(nodes)
+    return graph
+
+
+@contextlib.contextmanager
+def _quiet_quantizer():
+    """Hold back the quantizer's advice to pre-process the graph for static quantization (a root-logger warning on
+    every call), which says nothing of a dynamic quantization of our own graph."""
+    advice = lambda record: "pre-processing before quantization" not in record.getMessage()  # noqa: E731
+    root = logging.getLogger()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
