@@ -22,6 +22,11 @@ Engines, each given the same number of threads (--threads, default 2):
                     body on OpenVINO holding its weights (prepacked once), per request size OpenVINO or eager PyTorch
                     on the engine's copy, whichever measured faster; in the reduced-precision table also at
                     precision "bf16" and "int8"
+    hf_vanilla ORT owned  ours after `use_onnx_runtime(model, owned=True)` (`runtime="onnxruntime",
+                    runtime_options={"owned": True}`): the encoder body on ONNX Runtime holding its weights (packed
+                    once, in its session), per request size ONNX Runtime or eager PyTorch on the engine's copy; in the
+                    reduced-precision table also at precision "int8" (ONNX Runtime's int8 products, each token on its
+                    own range)
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
     ORT             ONNX Runtime on our own graph (`hf_vanilla.export.export_encoder`, torch.onnx dynamo)
@@ -132,6 +137,7 @@ EXPORT = ("onnx", "onnxscript")
 ENGINE_PACKAGES = {
     "hf_vanilla ORT": ("onnxruntime", *EXPORT),
     "hf_vanilla OV": ("openvino", *EXPORT),
+    "hf_vanilla ORT owned": ("onnxruntime", *EXPORT),
     "ORT": ("onnxruntime", *EXPORT),
     "ORT fused": ("onnxruntime", *EXPORT),
     "OpenVINO": ("openvino", *EXPORT),
@@ -311,6 +317,7 @@ class EncoderModels:
     ours: object
     runtime: object  # ours with use_onnx_runtime, or None
     owned: dict  # precision -> ours with use_openvino at that precision ("f32" at least, where OpenVINO is here)
+    held: dict  # precision -> ours with use_onnx_runtime(owned=True) at that precision
     onnx: tuple  # (plain, fused) paths, each None where its packages are missing
     ct2: Path  # or None
     # built by load_engines:
@@ -336,7 +343,7 @@ def encoder_models(name, directory, cold, threads):
         reference.save_pretrained(source)
     ours, runtime, *onnx = export_onnx(reference, directory, cold, name)
     ct2 = convert_ct2(source, directory, cold, name) if available("CT2") else None
-    return EncoderModels(name, reference, ours, runtime, {}, tuple(onnx), ct2)
+    return EncoderModels(name, reference, ours, runtime, {}, {}, tuple(onnx), ct2)
 
 
 def encoder_engines(models, input_ids, attention_mask):
@@ -353,6 +360,11 @@ def encoder_engines(models, input_ids, attention_mask):
         name, label = ("hf_vanilla OV", "fp32") if precision == "f32" else (f"hf_vanilla OV {precision}", precision)
         engines.append(replace(torch_encoder(name, owned, input_ids, attention_mask, label),
                                warming=lambda owned=owned: None in runtime_choices(owned).values()))
+    for precision, held in models.held.items():
+        name, label = ("hf_vanilla ORT owned", "fp32") if precision == "f32" else (
+            f"hf_vanilla ORT owned {precision}", precision)
+        engines.append(replace(torch_encoder(name, held, input_ids, attention_mask, label),
+                               warming=lambda held=held: None in runtime_choices(held).values()))
     engines += [ort_encoder(name, session, input_ids, attention_mask) for name, session in models.sessions.items()]
     engines += [openvino_encoder(name, compiled, input_ids, attention_mask)
                 for name, compiled in models.openvino.items()]
@@ -377,6 +389,16 @@ def load_engines(models, threads, precisions, cold):
             models.owned[precision] = cold.time(
                 f"use_openvino(precision={precision!r}) (export or cache, probe, compile)", models.label,
                 lambda ours=ours, precision=precision: use_openvino(ours, precision, threads, plain.parent / "cache"))
+    if available("hf_vanilla ORT owned"):
+        from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
+
+        reference = models.reference
+        for precision in ["f32"] + [p for p in ("int8",) if p in precisions]:
+            ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
+            models.held[precision] = cold.time(
+                f"use_onnx_runtime(owned=True, precision={precision!r}) (export or cache, probe, session)",
+                models.label, lambda ours=ours, precision=precision: use_onnx_runtime(
+                    ours, plain.parent / "cache", threads, owned=True, precision=precision))
     if plain is not None and available("ORT"):
         models.sessions["ORT"] = ort_session(plain, threads)
     if fused is not None:
@@ -656,9 +678,9 @@ def cpu_header(threads):
     ]
 
 
-FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla OV", "hf_vanilla compiled", "ORT", "ORT fused", "OpenVINO", "OV default",
-                "CT2"]
-OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla OV", "hf_vanilla compiled")
+FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla ORT owned", "hf_vanilla OV", "hf_vanilla compiled", "ORT",
+                "ORT fused", "OpenVINO", "OV default", "CT2"]
+OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla ORT owned", "hf_vanilla OV", "hf_vanilla compiled")
 OPENVINO_DEFAULT = {}  # model -> the precision OpenVINO chose by default ("fp32" where the CPU has no bf16)
 
 

@@ -6,11 +6,14 @@ module's forward, falling back to that forward wherever it cannot give the same 
 (only the machinery below them: `export` for its graphs, `kernels.is_tracing`, `measure` for its choice), and the
 model never imports it: hf_vanilla/runtime_registry.py names each engine and imports it when asked.
 
-    onnxruntime/      ONNX Runtime for the encoders, fed the model's own weights (`runtime="onnxruntime"`)
-    openvino/         OpenVINO for the encoder bodies, owning their weights (`runtime="openvino"`)
+    onnxruntime/      ONNX Runtime for the encoders, fed the model's own weights (`runtime="onnxruntime"`), or
+                      holding the encoder bodies' weights, at float32 or int8 (`runtime_options={"owned": True}`)
+    openvino/         OpenVINO for the encoder bodies, holding their weights (`runtime="openvino"`)
 
 What they share, a room per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
 
+    owned.py          how an engine holds the weights it compiled: taken at attach, saved and loaded through its
+                      doors, each change followed or refused
     choice.py         which answers a request size, the engine or PyTorch, measured in the process
     watch.py          what the graph was traced from, and the check on every call that the model is still that
     cache.py          graphs on disk: keys, checks, atomic writes, what may be removed

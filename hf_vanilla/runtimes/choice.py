@@ -3,7 +3,8 @@
 Fed or owning its weights, an engine is much faster than eager PyTorch on short requests and no faster, sometimes
 slower, on long or padded batches, where PyTorch skips the padding (docs/performance.md). So where both can answer,
 the first calls of each request size (rows and real tokens, each rounded up to a power of two, and the thread
-count) are answered by the engine and PyTorch in turn, both timed (`hf_vanilla.measure`), and after `CHOICE_CALLS`
+count) are answered by the engine, then by PyTorch, each in a block of calls, all timed (`hf_vanilla.measure`:
+blocks, since a call right after the other's pays for its spinning threads), and after `CHOICE_CALLS`
 timed calls of each (past each one's first) the size runs on the engine only if PyTorch took at least
 `CHOICE_MIN_GAIN` times as long. Both give the same answer within the parity rule, so which one ran never shows in
 the output. `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call an engine can answer to it (the tests use it to test
