@@ -167,15 +167,19 @@ def test_the_config_reaches_the_engine(held, graphs, engine_only):
 
 def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, monkeypatch):
     """The engine scripted 3x faster at one row of 8 tokens and 3x slower at eight rows of 32: the first size
-    decides for the engine, the second for PyTorch, after the measured calls."""
+    decides for the engine, the second for PyTorch, after the measured calls, each path's calls in a block (a call
+    right after the other path's would pay for its spinning threads: hf_vanilla/measure.py)."""
     monkeypatch.setattr(choice, "CHOICE", "measure")
     torch.manual_seed(0)
     model = hold(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), held, graphs)
     engine = vars(model)["forward"]
     engine_answer, pytorch_answer = engine._answer, engine._pytorch
 
+    order = []
+
     def timed(call, seconds):
         def run(*args):
+            order.append(call)
             scripted_clock.advance(seconds())
             return call(*args)
         return run
@@ -190,6 +194,8 @@ def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, 
                 model(**inputs)
     decided = runtime_choices(model)
     assert sorted(decided.values()) == [False, True], decided
+    block = choice.CHOICE_CALLS + 1  # the first of each is its warm-up
+    assert order[:2 * block] == [engine_answer] * block + [pytorch_answer] * block
 
 
 def test_int8_needs_onnx_runtime_to_hold_the_weights(graphs):
