@@ -12,7 +12,8 @@ the body, what they refuse and how, and their choice per request size. Each test
 - refused at the call, naming the engine's remove_* call: training, a forward hook inside the body; that call gives
   the weights back and the model trains again;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
-- each request size runs whichever of the engine and PyTorch measured faster (clock scripted).
+- each request size runs whichever of the engine and PyTorch measured faster (clock scripted);
+- ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted).
 """
 
 import copy
@@ -207,6 +208,32 @@ def test_int8_needs_onnx_runtime_to_hold_the_weights(graphs):
     with pytest.raises(ValueError, match=r"precision='int8'.*owned=True"):
         use_onnx_runtime(model, cache_dir=graphs, precision="int8")
     assert "forward" not in vars(model) and len(list(model.parameters())) > 1
+
+
+@pytest.mark.parametrize("flags, bits", [({"avx2", "avx512f", "avx512bw"}, 7), ({"avx2", "avx512_vnni"}, 8),
+                                         ({"avx2", "avx_vnni"}, 8), ({"avx2", "amx_int8"}, 8)])
+def test_onnx_runtime_int8_weights_fit_the_cpus_int8_product(monkeypatch, flags, bits):
+    """ONNX Runtime's int8 weights get 8 bits where the CPU accumulates u8 x s8 in int32 (VNNI, AMX), and 7 where
+    its kernel adds pairs of products into a saturating int16 (vpmaddubsw), which 8-bit weights can overflow."""
+    pytest.importorskip("onnxruntime", reason="runtime='onnxruntime' needs the onnx extra")
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hf_vanilla.runtimes.onnxruntime import owned
+
+    monkeypatch.setattr(owned, "cpu_flags", lambda: flags)
+    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "projection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [numpy_helper.from_array(weight, "w")]),
+        opset_imports=[helper.make_opsetid("", 20)])
+    quantized = owned.quantized(graph)
+    weights = [numpy_helper.to_array(t) for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT8
+               and t.dims == [16, 8]]
+    assert len(weights) == 1
+    assert np.abs(weights[0].astype(int)).max() == (127 if bits == 8 else 64)
 
 
 def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatch):
