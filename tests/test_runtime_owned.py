@@ -11,6 +11,7 @@ the body, what they refuse and how, and their choice per request size. Each test
 - refused at attach with the fix named: a precision OpenVINO has no kernel for on this machine;
 - refused at the call, naming the engine's remove_* call: training, a forward hook inside the body; that call gives
   the weights back and the model trains again;
+- one engine at a time: another attached to a held model takes it over, the weights given back first;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
 - each request size runs whichever of the engine and PyTorch measured faster (clock scripted);
 - ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted).
@@ -149,6 +150,29 @@ def test_what_it_refuses_at_the_call_and_remove(held, graphs, engine_only):
     assert model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
     for name, tensor in plain.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize("then", ["openvino", "onnxruntime owned", "onnxruntime fed"])
+def test_one_engine_at_a_time(held, then, graphs, engine_only):
+    """An engine attached to a model another engine holds takes it over: the first gives the weights back, and the
+    second answers as PyTorch does (an OpenVINO-held model handed to use_onnx_runtime used to fail in
+    torch.export: the body had no tensor left)."""
+    pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    runtime, _, how = then.partition(" ")
+    apply_runtime(model, runtime, cache_dir=graphs, **({"owned": how == "owned"} if runtime == "onnxruntime" else {}))
+    inputs = batch()
+    with torch.inference_mode():
+        got, want = model(**inputs).last_hidden_state, plain(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    assert_close(got[real], want[real])
+    engines = [type(vars(module)["forward"]).__name__ for module in model.modules() if "forward" in vars(module)]
+    assert len(engines) == 1, engines
+    remove(runtime)[0](model)
+    state = model.state_dict()
+    assert all(torch.equal(state[name], tensor) for name, tensor in plain.state_dict().items())
 
 
 def test_the_config_reaches_the_engine(held, graphs, engine_only):

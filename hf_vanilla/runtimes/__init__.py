@@ -12,6 +12,8 @@ model never imports it: hf_vanilla/runtime_registry.py names each engine and imp
 
 What they share, a room per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
 
+    attached.py       what every engine is (in front of a module's forward, able to give it back), and taking
+                      engines off: one engine at a time
     owned.py          how an engine holds the weights it compiled: taken at attach, saved and loaded through its
                       doors, each change followed or refused
     choice.py         which answers a request size, the engine or PyTorch, measured in the process

@@ -46,12 +46,13 @@ from transformers import PreTrainedModel
 
 from ..kernels import is_tracing
 from . import choice
+from .attached import Engine, take_off
 from .batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
 from .cache import GraphCache, cache_key, export_graph
 from .watch import Watch, class_code, hooked, structure_of
 
 
-class OwnedEncoder:
+class OwnedEncoder(Engine):
     """A body's `forward` while an engine runs it: the body's weights held in `shadow`, the engine compiled from
     them. Subclasses name the engine and say how it compiles (`build`) and runs (`run`, `run_dense`)."""
 
@@ -334,14 +335,14 @@ def tensors_of(shadow) -> dict:
                                                                        *shadow.named_buffers()]}
 
 
-def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str, remove):
+def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str):
     """Put `engine` (an OwnedEncoder class) in front of each encoder body of `model`, holding its weights at
-    `precision`, after the checks that leave the model whole when it cannot (the module docstring). `call` names the
-    function in messages; `remove(model)` takes off the engines already there once the arguments are known good.
-    Returns `model`."""
+    `precision`, after the checks that leave the model whole when it cannot (the module docstring); engines already
+    there are taken off first (`attached.take_off`), once the arguments are known good. `call` names the function in
+    messages. Returns `model`."""
     if precision not in engine.PRECISIONS:
         raise ValueError(f"{call}: precision={precision!r} is not one of {sorted(engine.PRECISIONS)}.")
-    remove(model)
+    take_off(model)
     units = [module.base_model for module in model.modules() if isinstance(module, PreTrainedModel)
              and module.config.model_type == "vanilla_encoder" and not module.config.is_decoder]
     units = list({id(unit): unit for unit in units}.values())
@@ -362,16 +363,6 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
     cache = GraphCache(cache_dir)
     for unit in units:
         engine(unit, precision, threads or torch.get_num_threads(), cache)
-    return model
-
-
-def give_back_all(model, engine: type):
-    """Undo `hold`: each body an `engine` holds gets its weights back (as the engine holds them) and runs in
-    PyTorch. Returns `model`."""
-    for module in model.modules():
-        held = vars(module).get("forward")
-        if isinstance(held, engine):
-            held.give_back()
     return model
 
 

@@ -27,7 +27,8 @@ from transformers import PreTrainedModel
 from ..batches import length_groups
 from ..cache import GraphCache
 from ..choice import runtime_choices
-from ..owned import give_back_all, hold
+from ..attached import take_off
+from ..owned import hold
 from .engine import OnnxEncoder
 from .owned import OwnedOnnxEncoder
 
@@ -40,8 +41,7 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: b
     body (a float32 model in eval mode, its weights untied from any head), at `precision` "f32" or "int8".
     Calling it again traces the model as it is now: exported once per architecture, cheap otherwise."""
     if owned:
-        return hold(model, OwnedOnnxEncoder, precision, threads, cache_dir, "use_onnx_runtime(owned=True)",
-                    remove_onnx_runtime)
+        return hold(model, OwnedOnnxEncoder, precision, threads, cache_dir, "use_onnx_runtime(owned=True)")
     if precision != "f32":
         raise ValueError(f"use_onnx_runtime(precision={precision!r}) needs owned=True: fed the model's weights on "
                          f"every call, ONNX Runtime computes in float32; holding them, it quantizes them once.")
@@ -49,7 +49,7 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: b
     if not units:
         raise ValueError(f"{type(model).__name__} has no vanilla encoder to run on ONNX Runtime; use_onnx_runtime "
                          f"takes a model from hf_vanilla (VanillaEncoder*, VanillaSeq2Seq*).")
-    remove_onnx_runtime(model)
+    take_off(model)  # any engine, one holding the weights included: this one feeds them
     cache = GraphCache(cache_dir)
     for unit in units:
         OnnxEncoder.attach(unit, cache, threads or torch.get_num_threads())
@@ -79,11 +79,7 @@ def encoder_units(model) -> list:
 def remove_onnx_runtime(model):
     """Undo `use_onnx_runtime`: every encoder runs in PyTorch again (those it held get their weights back). Returns
     `model`."""
-    give_back_all(model, OwnedOnnxEncoder)
-    for module in model.modules():
-        if isinstance(vars(module).get("forward"), OnnxEncoder):
-            del module.forward
-    return model
+    return take_off(model, (OnnxEncoder, OwnedOnnxEncoder))
 
 
 __all__ = ["encoder_units", "length_groups", "remove_onnx_runtime", "runtime_choices", "use_onnx_runtime"]

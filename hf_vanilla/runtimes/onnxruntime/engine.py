@@ -30,6 +30,7 @@ import torch
 
 from ...kernels import is_tracing
 from .. import choice
+from ..attached import Engine
 from ..batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
 from ..cache import GraphCache, cache_key, export_graph, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
@@ -37,7 +38,7 @@ from ..watch import Watch, class_code, difference, hooked, structure_of
 PROVIDERS = ["CPUExecutionProvider"]
 
 
-class OnnxEncoder:
+class OnnxEncoder(Engine):
     """A unit's `forward` while the engine runs it: ONNX Runtime where that gives the unit's own answer, else the
     unit's own forward. It holds the unit and reads it through its public API."""
 
@@ -97,6 +98,9 @@ class OnnxEncoder:
         self.warned = False
         # Per request size: ONNX Runtime (the challenger) or PyTorch, whichever measured faster (../choice.py).
         self.choice = choice.engine_or_pytorch("onnxruntime")
+
+    def give_back(self) -> None:
+        vars(self.unit).pop("forward", None)
 
     def __deepcopy__(self, memo):
         """The copy's engine: the same session (it cannot be copied, and needs not: the graph holds no weight),

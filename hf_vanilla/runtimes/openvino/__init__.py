@@ -13,7 +13,8 @@ changes it follows or refuses; engine.py what OpenVINO adds). Measured on each C
 (docs/performance.md).
 """
 
-from ..owned import give_back_all, hold
+from ..attached import take_off
+from ..owned import hold
 from .engine import OpenVinoEncoder
 
 
@@ -23,13 +24,13 @@ def use_openvino(model, precision: str = "f32", threads: int | None = None, cach
     engine, and return `model`. `threads`: OpenVINO's (default torch's `get_num_threads()`). `cache_dir`: where
     traced graphs are kept (the ONNX Runtime engine's cache: $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx).
     Calling it again compiles the model as it is."""
-    return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino", remove_openvino)
+    return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino")
 
 
 def remove_openvino(model):
     """Undo `use_openvino`: each body gets its weights back (as the engine holds them) and runs in PyTorch. Returns
     `model`."""
-    return give_back_all(model, OpenVinoEncoder)
+    return take_off(model, OpenVinoEncoder)
 
 
 __all__ = ["remove_openvino", "use_openvino"]
