@@ -103,6 +103,7 @@ def _held_reload(runtime, precision):
 
 
 _GRAPHS = []  # the session's graph cache folder, set by the `paths` fixture
+MOVED_TO_BF16 = r"moved to torch\.bfloat16.*model\.float\(\)"  # what a held engine that cannot follow says
 PATHS = [
     Path("eager", lambda model: model),
     Path("runtime forced", _runtime("engine"), reload=_runtime_reload),
@@ -122,13 +123,13 @@ PATHS = [
     Path("openvino chosen", _held("openvino", "f32", "measure"), reload=_held_reload("openvino", "f32")),
     Path("openvino bf16", _held("openvino", "bf16"), torch.bfloat16, reload=_held_reload("openvino", "bf16")),
     Path("openvino int8", _held("openvino", "int8"), reload=_held_reload("openvino", "int8"),
-         rule_dtype=torch.bfloat16, refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+         rule_dtype=torch.bfloat16, refuses_move=MOVED_TO_BF16),
     Path("onnxruntime owned", _held("onnxruntime", "f32"), reload=_held_reload("onnxruntime", "f32"),
-         refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+         refuses_move=MOVED_TO_BF16),
     Path("onnxruntime owned chosen", _held("onnxruntime", "f32", "measure"),
-         reload=_held_reload("onnxruntime", "f32"), refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+         reload=_held_reload("onnxruntime", "f32"), refuses_move=MOVED_TO_BF16),
     Path("onnxruntime owned int8", _held("onnxruntime", "int8"), reload=_held_reload("onnxruntime", "int8"),
-         rule_dtype=torch.bfloat16, refuses_move=r"moved to torch\.bfloat16.*model\.float\(\)"),
+         rule_dtype=torch.bfloat16, refuses_move=MOVED_TO_BF16),
 ]
 
 

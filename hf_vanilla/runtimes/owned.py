@@ -109,8 +109,7 @@ class OwnedEncoder(Engine):
         self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
         self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
         # Traced and compiled before the body gives anything up: a failure leaves it whole.
-        self.graph, checked = self._graph()
-        self._compile(checked)
+        self._compile(self._graph())
         self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
         for module in unit.modules():  # the body keeps its modules and code, no tensor
             if module._parameters or module._buffers:
@@ -148,9 +147,9 @@ class OwnedEncoder(Engine):
 
     # ---- the graph and its compilation ------------------------------------------------------------------------
 
-    def _graph(self) -> tuple:
-        """(the shadow's graph reading its weights as inputs, from the cache or traced, the engine's float32
-        compilation of it that was checked against PyTorch (`batches.probe`))."""
+    def _graph(self):
+        """Find (in the cache) or trace the shadow's graph reading its weights as inputs, as `self.graph`, and return
+        the engine's float32 compilation of it that was checked against PyTorch (`batches.probe`)."""
         shadow = self.shadow.float() if self.dtype != torch.float32 else self.shadow
         try:
             structure = structure_of(shadow)
@@ -169,7 +168,7 @@ class OwnedEncoder(Engine):
                 if worst <= PROBE_TOLERANCE:
                     if fresh:
                         self.cache.store(key, self.graph)
-                    return self.graph, checked
+                    return checked
                 self.cache.discard(key)
             raise RuntimeError(f"The {self.RUNTIME} graph of {type(shadow).__name__} differs from PyTorch by "
                                f"{worst:.2e} x max(1, |output|): runtime={self.RUNTIME!r} cannot run this model "

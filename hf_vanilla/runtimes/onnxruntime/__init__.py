@@ -24,10 +24,10 @@ is one floor up, in hf_vanilla/runtimes/.
 import torch
 from transformers import PreTrainedModel
 
+from ..attached import take_off
 from ..batches import length_groups
 from ..cache import GraphCache
 from ..choice import runtime_choices
-from ..attached import take_off
 from ..owned import hold
 from .engine import OnnxEncoder
 from .owned import OwnedOnnxEncoder

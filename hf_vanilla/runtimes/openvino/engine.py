@@ -24,6 +24,7 @@ from openvino import opset13 as ops
 from ...export import example_inputs
 from ..owned import OwnedEncoder
 
+
 class OpenVinoEncoder(OwnedEncoder):
     """A body's `forward` while OpenVINO runs it, holding its weights."""
 
