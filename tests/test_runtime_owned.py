@@ -14,7 +14,8 @@ the body, what they refuse and how, and their choice per request size. Each test
 - one engine at a time: another attached to a held model takes it over, the weights given back first;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
 - each request size runs whichever of the engine and PyTorch measured faster (clock scripted);
-- ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted).
+- ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted); a token of
+  zeros beside others gives zeros.
 """
 
 import copy
@@ -242,22 +243,47 @@ def test_onnx_runtime_int8_weights_fit_the_cpus_int8_product(monkeypatch, flags,
     pytest.importorskip("onnxruntime", reason="runtime='onnxruntime' needs the onnx extra")
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
     from hf_vanilla.runtimes.onnxruntime import owned
 
     monkeypatch.setattr(owned, "cpu_flags", lambda: flags)
     weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
-    graph = helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "projection",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [numpy_helper.from_array(weight, "w")]),
-        opset_imports=[helper.make_opsetid("", 20)])
-    quantized = owned.quantized(graph)
+    quantized = owned.quantized(_projection(weight))
     weights = [numpy_helper.to_array(t) for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT8
                and t.dims == [16, 8]]
     assert len(weights) == 1
     assert np.abs(weights[0].astype(int)).max() == (127 if bits == 8 else 64)
+
+
+def test_onnx_runtime_int8_takes_a_token_of_zeros():
+    """Each token is divided by its own largest |x| before ONNX Runtime's int8 product: a token of zeros beside
+    others gives zeros, not a NaN that sets the one scale of the whole tensor (every row NaN, as it did)."""
+    pytest.importorskip("onnxruntime", reason="runtime='onnxruntime' needs the onnx extra")
+    import numpy as np
+    import onnxruntime
+
+    from hf_vanilla.runtimes.onnxruntime import owned
+
+    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    session = onnxruntime.InferenceSession(owned.quantized(_projection(weight)).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
+    x[1] = 0
+    y = session.run(None, {"x": x})[0]
+    assert np.array_equal(y[1], np.zeros(8, np.float32))
+    assert_close(torch.from_numpy(y[0]), torch.from_numpy(x[0] @ weight), dtype=torch.bfloat16)
+
+
+def _projection(weight):
+    """A graph of one projection, y = x W with W (16, 8) a constant: what every layer's are to the quantizer."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "projection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [numpy_helper.from_array(weight, "w")]),
+        opset_imports=[helper.make_opsetid("", 20)])
 
 
 def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatch):

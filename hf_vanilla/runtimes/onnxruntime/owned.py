@@ -113,22 +113,26 @@ def quantized(graph: onnx.ModelProto) -> onnx.ModelProto:
 
 def token_ranges(graph: onnx.ModelProto) -> onnx.ModelProto:
     """`graph` with each MatMul of a constant 2-D weight computed as s * ((x / s) W), s = max |x| per token (its
-    last axis): the rows the product sees all span [-1, 1], so a scale per tensor is a scale per token. Projections
-    reading the same x (q, k and v) share its s and x / s."""
+    last axis, at least 1e-30, as `Int8Linear` clamps it: a token of zeros would divide 0 by 0, and its NaN would
+    set the one scale of the whole tensor): the rows the product sees all span [-1, 1], so a scale per tensor is a
+    scale per token. Projections reading the same x (q, k and v) share its s and x / s."""
     body = graph.graph
     weights = {tensor.name for tensor in body.initializer if len(tensor.dims) == 2}
     opset = next(entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx"))
-    axis = "hf_vanilla.last_axis"
-    body.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axis))
+    axis, tiny = "hf_vanilla.last_axis", "hf_vanilla.tiny"
+    body.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), axis),
+                             numpy_helper.from_array(np.array(1e-30, np.float32), tiny)])
     nodes, ranged = [], {}
     for node in body.node:
         if node.op_type == "MatMul" and node.input[1] in weights:
             x = node.input[0]
             if x not in ranged:
                 ranged[x] = scaled, top = f"{x}.per_token", f"{x}.token_max"
-                largest = (helper.make_node("ReduceMax", [f"{x}.abs", axis], [top], keepdims=1) if opset >= 18 else
-                           helper.make_node("ReduceMax", [f"{x}.abs"], [top], keepdims=1, axes=[-1]))
+                largest = (helper.make_node("ReduceMax", [f"{x}.abs", axis], [f"{x}.abs_max"], keepdims=1)
+                           if opset >= 18 else
+                           helper.make_node("ReduceMax", [f"{x}.abs"], [f"{x}.abs_max"], keepdims=1, axes=[-1]))
                 nodes += [helper.make_node("Abs", [x], [f"{x}.abs"]), largest,  # (..., 1)
+                          helper.make_node("Max", [f"{x}.abs_max", tiny], [top]),
                           helper.make_node("Div", [x, top], [scaled])]  # (..., K), each row within [-1, 1]
             scaled, top = ranged[x]
             y = node.output[0]
