@@ -24,6 +24,7 @@ oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
 """
 
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -75,8 +76,23 @@ def bf16_is_fast(device=None) -> bool:
 
 # ---- int8 ---------------------------------------------------------------------------------------------------------
 
-WEIGHT_LEVELS = 63  # 7-bit weights: no int16 overflow in the non-VNNI kernel (see Int8Linear)
+
+def weight_levels(flags=None) -> int:
+    """The int8 weights' largest level on this CPU: 127 (8 bits) where fbgemm multiplies with AVX-512 VNNI, 63 (7
+    bits) elsewhere. VNNI's `vpdpbusd` adds u8 x s8 products straight into int32. Without it the kernel multiplies
+    with `vpmaddubsw`, which adds two u8 x s8 products into a saturating int16: 8-bit weights can overflow it
+    (255 x 127 x 2 > 32767), and did, by 13% of the output on a random nn.Linear; 255 x 63 x 2 = 32130 cannot.
+    fbgemm's VNNI kernels are AVX-512 ones (GenerateKernelU8S8S32ACC32Avx512VNNI): a CPU with AVX-VNNI alone runs
+    its AVX2 kernel, and gets 7 bits. The 8th bit matters where the margins are thin: Marian's vocabulary projection
+    (benchmarks/engines.py) changed one greedy token in 8 x 64 at 7 bits, none at 8. `flags`: the CPU's, by default
+    /proc/cpuinfo's (a test scripts them)."""
+    return 127 if "avx512_vnni" in (cpu_flags() if flags is None else flags) else 63
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")  # every layer's W^Q, W^K, W^V, W^O, W1, W2
+
+
+# Int8Linear -> (a weak reference to the float32 copy of its weight it last returned, that copy's version counter).
+_DEQUANTIZED = weakref.WeakKeyDictionary()
 
 
 class Int8Linear(nn.Module):
@@ -90,11 +106,10 @@ class Int8Linear(nn.Module):
     x W^T = diag(s) (diag(1/s) x) W^T, s = max |x| per token: per-token quantization for one division and one fused
     multiply-add over the output.
 
-    Weights use 7 bits (-63..63), activations all 8. Without VNNI (AVX2, or AVX-512 without it) the kernel multiplies
-    with `vpmaddubsw`, which adds two u8 x s8 products into a saturating int16: 8-bit weights can overflow it
-    (255 x 127 x 2 > 32767), and did, by 13% of the output on a random nn.Linear; 255 x 63 x 2 = 32130 cannot.
-    fbgemm's own answer, 7-bit activations (`reduce_range=True`), lost more on MiniLM (lowest cosine 0.980, top-1
-    neighbours 91.4%) than 7-bit weights (0.982, 94.1%; 8-bit weights where they did not overflow: 0.982, 91.8%).
+    Weights use 8 bits where the CPU has AVX-512 VNNI and 7 bits elsewhere (`weight_levels`: without VNNI 8-bit
+    weights can overflow the kernel's int16 sums), activations all 8. fbgemm's own answer to that overflow, 7-bit
+    activations (`reduce_range=True`), lost more on MiniLM (lowest cosine 0.980, top-1 neighbours 91.4%) than 7-bit
+    weights (0.982, 94.1%); 8-bit weights on AMD Zen 5 (AVX-512 VNNI): 0.991, 93.4% (tests/test_precision.py).
 
     It owns its weight (docs/errors_and_safety.md, "Derived state"): the int8 weight is the layer's state, held
     in fbgemm's packed form, and nothing else can write it, so nothing can leave it stale. There is no float32
@@ -115,10 +130,11 @@ class Int8Linear(nn.Module):
     Inference only: the int8 weight has no gradient, so a call that would need one raises.
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, rows: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.keeps_rows = rows  # the int8 rows kept readable too, for the embeddings tied to it (Int8Embedding)
         self._quantize(linear.weight.detach())
 
     def _quantize(self, weight: torch.Tensor) -> None:
@@ -129,12 +145,20 @@ class Int8Linear(nn.Module):
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"Int8Linear({self.in_features} -> {self.out_features}) got a weight of shape "
                              f"{tuple(weight.shape)}.")
-        scales = (weight.abs().amax(1).clamp_min(1e-12) / WEIGHT_LEVELS).double()  # symmetric, per output row
+        scales = (weight.abs().amax(1).clamp_min(1e-12) / weight_levels()).double()  # symmetric, per output row
         zero_points = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors; fbgemm's prepack still takes one
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)  # fbgemm's own layout; bias added below
+        _DEQUANTIZED.pop(self, None)
+        if self.keeps_rows:  # fbgemm's packed form cannot be indexed by row: the same int8 rows, plainly
+            self._int8_rows, self._row_scales = qweight.int_repr(), scales.float()[:, None]  # (out, in), (out, 1)
+
+    def rows(self, indices: torch.Tensor) -> torch.Tensor:
+        """Rows `indices` of the weight this layer computes with, dequantized: (..., in_features). For embeddings
+        tied to this layer (`Int8Embedding`); only a layer made with `rows=True` keeps them."""
+        return self._int8_rows[indices].float() * self._row_scales[indices]
 
     def __getattr__(self, name):
         if name == "weight":  # an AttributeError still (hasattr(layer, "weight") is False), with the way out
@@ -145,9 +169,18 @@ class Int8Linear(nn.Module):
         return super().__getattr__(name)
 
     def dequantized_weight(self) -> torch.Tensor:
-        """The weight this layer computes with, as a new float32 tensor (out_features, in_features)."""
-        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
-        return qweight.dequantize()
+        """The weight this layer computes with, as a float32 tensor (out_features, in_features): a new one, or the
+        one returned before while it is still held somewhere and unchanged (nothing written into it, the layer not
+        quantized since). So one state dict holds the keys tied to this layer (Int8Embedding) as one tensor, which is
+        how transformers' `save_pretrained` recognises a tie and writes the matrix once, as for the float32 model."""
+        held, version = _DEQUANTIZED.get(self, (lambda: None, None))
+        weight = held()
+        if weight is None or weight._version != version:
+            qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
+            weight = qweight.dequantize()
+            if not weight.is_inference():  # an inference tensor keeps no version counter to tell a write by
+                _DEQUANTIZED[self] = (weakref.ref(weight), weight._version)
+        return weight
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         destination[prefix + "weight"] = self.dequantized_weight()  # nn.Linear's name: any class loads it
@@ -187,14 +220,67 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, per token"
 
 
+class Int8Embedding(nn.Module):
+    """Token embeddings that read the int8 matrix of the vocabulary projection they are tied to.
+
+    Where the output projection is the token embedding matrix (section 3.4: Marian, BERT's masked-LM head), the
+    projection is the largest product a decoding step runs (Marian: 58101 x 512, 4.6 ms of a float32 step, bound by
+    reading the matrix), and `quantize_int8` makes it an `Int8Linear`. The lookups must then read that same int8
+    matrix: a float32 table kept beside it would be a second copy of one weight, and an edit to either would leave
+    the other stale. So the projection owns the matrix and this module keeps none: row i is the projection's int8 row
+    i times its scale, the numbers the projection computes with. `state_dict` writes them dequantized under
+    nn.Embedding's name (every tied key holds the same values, as in a float32 checkpoint); `load_state_dict` of a
+    float32 weight quantizes it into the one matrix, so the projection and every lookup follow it. There is no
+    `weight` to edit (it says what to do instead)."""
+
+    def __init__(self, embedding: nn.Embedding, projection: Int8Linear):
+        super().__init__()
+        if not projection.keeps_rows or (projection.out_features, projection.in_features) != tuple(
+                embedding.weight.shape):
+            raise ValueError(f"Int8Embedding reads the rows of the projection it is tied to: an Int8Linear made with "
+                             f"rows=True of shape {tuple(embedding.weight.shape)}.")
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.__dict__["projection"] = projection  # not a submodule: its owner saves and moves it, once
+
+    def __getattr__(self, name):
+        if name == "weight":
+            raise AttributeError(
+                "Int8Embedding has no float32 weight: its rows are the int8 matrix of the output projection it is "
+                "tied to (quantize_int8). To change it, load_state_dict a float32 state dict (it is quantized anew), "
+                "or edit the float32 model and quantize again; projection.dequantized_weight() returns a copy.")
+        return super().__getattr__(name)
+
+    def forward(self, input_ids):  # (...) -> (..., E)
+        return self.projection.rows(input_ids)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.projection.dequantized_weight()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        name = prefix + "weight"
+        if name in state_dict:
+            try:
+                self.projection._quantize(state_dict[name].detach().to(torch.float32))
+            except ValueError as error:
+                error_msgs.append(f"{name}: {error}")
+        elif strict:
+            missing_keys.append(name)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows of the tied output projection"
+
+
 def quantize_int8(model):
-    """Replace every layer's projections (W^Q, W^K, W^V, W^O, W1, W2 of every encoder and decoder layer) by
-    `Int8Linear`, in place, and return the model. Embeddings, LayerNorms, attention itself, the pooler and the heads
-    stay float32. For inference on a float32 model on a CPU. The model then owns its int8 weights (see
-    `Int8Linear`): `save_pretrained` writes them dequantized under their float32 names, a checkpoint any class
-    loads and that `quantize_int8` turns back into this model. Calling it again on a quantized model changes nothing. Accuracy and speed on this CPU against float32
-    and CTranslate2's int8: docs/performance.md; tests/test_precision.py holds the accuracy on real sentences to a
-    floor."""
+    """Replace every layer's projections (W^Q, W^K, W^V, W^O, W1, W2 of every encoder and decoder layer) and the
+    output projection over the vocabulary by `Int8Linear`, in place, and return the model. Token embeddings tied to
+    that output projection (section 3.4) read its int8 matrix (`Int8Embedding`); other embeddings, LayerNorms,
+    attention itself, the pooler and the other heads stay float32. For inference on a float32 model on a CPU. The
+    model then owns its int8 weights (see `Int8Linear`): `save_pretrained` writes them dequantized under their
+    float32 names, a checkpoint any class loads and that `quantize_int8` turns back into this model. Calling it again
+    on a quantized model changes nothing. Accuracy and speed on this CPU against float32 and CTranslate2's int8:
+    docs/performance.md; tests/test_precision.py holds the accuracy on real sentences to a floor."""
     if torch.backends.quantized.engine not in ("x86", "fbgemm"):
         raise RuntimeError(f"quantize_int8 runs fbgemm's int8 kernels (x86 CPUs); torch's quantized engine here is "
                            f"{torch.backends.quantized.engine!r}.")
@@ -211,7 +297,30 @@ def quantize_int8(model):
         child = getattr(module, name)
         if isinstance(child, nn.Linear):
             setattr(module, name, Int8Linear(child))
+    _quantize_vocabulary(model)
     return model.eval()
 
 
-__all__ = ["Int8Linear", "bf16_is_fast", "cpu_flags", "cpu_vendor", "native_bf16_cpu", "quantize_int8"]
+def _quantize_vocabulary(model) -> None:
+    """The output projection over the vocabulary (`get_output_embeddings()`, a float32 nn.Linear) becomes an
+    Int8Linear, and every token embedding that shares its weight (tied) an Int8Embedding reading its rows; an
+    embedding module that two stacks share stays one module."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):  # none, or already quantized
+        return
+    children = [(module, name, child) for module in model.modules() for name, child in module.named_children()]
+    tied = [(module, name, child) for module, name, child in children
+            if isinstance(child, nn.Embedding) and child.weight is head.weight]
+    int8 = Int8Linear(head, rows=bool(tied))
+    for module, name, child in children:
+        if child is head:
+            setattr(module, name, int8)
+    lookups = {}
+    for module, name, embedding in tied:
+        if id(embedding) not in lookups:
+            lookups[id(embedding)] = Int8Embedding(embedding, int8)
+        setattr(module, name, lookups[id(embedding)])
+
+
+__all__ = ["Int8Embedding", "Int8Linear", "bf16_is_fast", "cpu_flags", "cpu_vendor", "native_bf16_cpu", "quantize_int8",
+           "weight_levels"]

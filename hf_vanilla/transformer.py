@@ -380,7 +380,7 @@ class VanillaStack(nn.Module):
                      token_type_ids=token_type_ids, position_ids=position_ids, attention_mask=attention_mask,
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
                      encoder_attention_mask=encoder_attention_mask,
-                     dtype=self.embeddings.word_embeddings.weight.dtype)
+                     dtype=self.layers[0].self_attn_norm.weight.dtype)  # the token table's may be int8
         hidden_states, mask, packed = self._prepare(input_ids, attention_mask, token_type_ids, position_ids,
                                                     inputs_embeds, past_length, cache, output_attentions)
         cross_mask = cross_attention_mask(encoder_attention_mask, hidden_states.dtype)  # (B, 1, 1, S)

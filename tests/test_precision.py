@@ -1,6 +1,7 @@
 """hf_vanilla.precision: bf16 only on a CPU that multiplies it natively and where it measured faster, and int8 projections whose accuracy on real
 sentences is held to a floor. No timing here: the speed claims are benchmarks/engines.py's, printed in one run."""
 
+import copy
 import re
 import time
 
@@ -85,7 +86,7 @@ def test_int8_linear_owns_its_weight_state_dict_and_load_state_dict():
     x = torch.randn(5, 256)
     state = layer.state_dict()
     assert list(state) == ["weight", "bias"] and state["weight"].dtype == torch.float32
-    step = linear.weight.detach().abs().amax(1, keepdim=True) / 63  # 7-bit weights: half a step per row at most
+    step = linear.weight.detach().abs().amax(1, keepdim=True) / precision.weight_levels()  # half a step per row at most
     assert ((state["weight"] - linear.weight.detach()).abs() <= step / 2 * (1 + 1e-6)).all()
     with torch.inference_mode():
         reloaded = Int8Linear(nn.Linear(256, 128))
@@ -108,6 +109,89 @@ def test_int8_refuses_autograd_and_is_inference_only():
         int8(torch.randn(2, 64, requires_grad=True))
     with torch.no_grad():
         int8(torch.randn(2, 64, requires_grad=True))  # no graph asked for: fine
+
+
+@pytest.mark.parametrize("flags, levels", [
+    ({"avx2", "fma"}, 63),  # AMD Zen 3: vpmaddubsw sums pairs in a saturating int16
+    ({"avx2", "avx512f", "avx512bw"}, 63),  # AVX-512 without VNNI (Skylake-SP): the same
+    ({"avx2", "avx_vnni"}, 63),  # AVX-VNNI alone: fbgemm has no kernel for it and runs its AVX2 one
+    ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, 127),  # Cascade Lake and later, Zen 4, Zen 5: vpdpbusd
+    ({"avx512f", "avx512_vnni", "amx_int8"}, 127),
+])
+def test_int8_weight_bits_follow_fbgemms_kernel(flags, levels):
+    assert precision.weight_levels(flags) == levels
+
+
+def test_int8_weights_never_saturate_the_kernel_on_this_cpu():
+    """The worst case for the kernel's sums: every weight and every activation at the top of its range, where two
+    8-bit products overflow an int16 (255 x 127 x 2 > 32767). At the bits `weight_levels` gives this CPU the int8
+    product equals the float32 product of the dequantized weight; a wrong choice of bits would saturate it (tested
+    so on every CPU CI runs on, which the scripted flags above cannot do)."""
+    linear = nn.Linear(512, 64, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(1.0)
+    layer = Int8Linear(linear)
+    x = torch.ones(3, 512)
+    with torch.inference_mode():
+        exact = x @ layer.dequantized_weight().T
+        assert ((layer(x) - exact).abs().max() / exact.abs().max()).item() < 1e-6
+
+
+def _tied_seq2seq():
+    """A small encoder-decoder whose source embeddings, target embeddings and output projection are one matrix
+    (section 3.4, as Marian's)."""
+    from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = VanillaSeq2SeqConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, pad_token_id=0, decoder_start_token_id=0, eos_token_id=1)
+    return VanillaSeq2SeqForConditionalGeneration(config).eval()
+
+
+def test_the_tied_vocabulary_is_one_int8_matrix(tmp_path):
+    """quantize_int8 makes the output projection over the vocabulary int8, and the embeddings tied to it read its
+    rows: one matrix, owned by the projection. An edit through load_state_dict reaches the projection and every
+    lookup; save_pretrained writes the matrix once, as for the float32 model, and what it writes reloads to the
+    same answers; there is no float32 table to edit beside it."""
+    import pickle
+
+    from safetensors.torch import load_file
+
+    from hf_vanilla import VanillaSeq2SeqForConditionalGeneration
+    from hf_vanilla.precision import Int8Embedding
+
+    plain = _tied_seq2seq()
+    model = quantize_int8(copy.deepcopy(plain))
+    head, source, target = (model.lm_head.decoder, model.model.encoder.embeddings.word_embeddings,
+                            model.model.decoder.embeddings.word_embeddings)
+    assert isinstance(head, Int8Linear) and isinstance(source, Int8Embedding) and isinstance(target, Int8Embedding)
+    assert source.projection is head and target.projection is head
+    ids = torch.randint(2, 300, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(source(ids), head.dequantized_weight()[ids])  # the very rows the projection multiplies
+        expected, actual = (m(input_ids=ids, decoder_input_ids=ids).logits for m in (plain, model))
+        assert ((actual - expected).norm() / expected.norm()).item() < 0.03  # int8's error, not rounding
+
+    edited = {name: tensor * -0.5 if "word_embeddings" in name else tensor for name, tensor in plain.state_dict().items()}
+    model.load_state_dict(edited)
+    fresh = copy.deepcopy(plain)
+    fresh.load_state_dict(edited)
+    with torch.inference_mode():
+        assert torch.equal(model(input_ids=ids, decoder_input_ids=ids).logits,
+                           quantize_int8(fresh)(input_ids=ids, decoder_input_ids=ids).logits)
+
+    plain.save_pretrained(tmp_path / "float32")
+    model.save_pretrained(tmp_path / "int8")
+    written = load_file(tmp_path / "int8" / "model.safetensors")
+    assert written.keys() == load_file(tmp_path / "float32" / "model.safetensors").keys()  # the matrix once
+    reloaded = quantize_int8(VanillaSeq2SeqForConditionalGeneration.from_pretrained(tmp_path / "int8").eval())
+    for copied in (reloaded, pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert copied.model.encoder.embeddings.word_embeddings.projection is copied.lm_head.decoder
+        with torch.inference_mode():
+            assert torch.equal(copied(input_ids=ids, decoder_input_ids=ids).logits,
+                               model(input_ids=ids, decoder_input_ids=ids).logits)
+    with pytest.raises(AttributeError, match="load_state_dict a float32 state dict"):
+        source.weight  # noqa: B018
 
 
 def test_quantize_int8_replaces_every_layer_projection_and_nothing_else(minilm_path):

@@ -33,6 +33,7 @@ from hf_vanilla import (
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqModel,
 )
+from hf_vanilla.precision import quantize_int8
 from hf_vanilla.runtime_registry import apply_runtime
 from hf_vanilla.runtimes import choice
 from hf_vanilla.runtimes.choice import runtime_choices
@@ -104,6 +105,8 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
     ("training", r"model\.eval\(\)"),
     ("float16", r"float32 or bfloat16 model on the CPU.*model\.float\(\)\.cpu\(\)"),
     ("precision", r"precision='fp8' is not one of \[.*'f32', 'int8'\]"),
+    ("quantize_int8", r"takes a float32 model, and encoder\.layers\.0\..* is int8 \(quantize_int8\).*"
+                      r"precision='int8'"),
 ])
 def test_what_it_refuses_at_attach(held, graphs, case, error):
     config = VanillaEncoderConfig(**CONFIG)
@@ -119,6 +122,8 @@ def test_what_it_refuses_at_attach(held, graphs, case, error):
         model.train()
     elif case == "float16":
         model.to(torch.float16)
+    elif case == "quantize_int8":  # no float32 weights left to export (torch.export failed on it, unexplained)
+        model = quantize_int8(model)
     else:
         more["precision"] = "fp8"
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}

@@ -5,6 +5,7 @@ A body runs one engine at a time. Attaching one first takes off whatever engine 
 modules, so that an engine holding the weights gives them back before another engine reads or takes them (an
 OpenVINO-held model handed to `use_onnx_runtime` had no tensor left to export, and failed in torch.export).
 """
+from ..precision import Int8Embedding, Int8Linear
 
 
 class Engine:
@@ -24,3 +25,14 @@ def take_off(model, engine: type | tuple = Engine):
         if isinstance(attached, engine):
             attached.give_back()
     return model
+
+
+def refuse_quantized(model, call: str) -> None:
+    """Engines export the float32 (or bfloat16) model and make their own reduced copies; a model whose projections
+    `quantize_int8` replaced has no float32 weights for them to read (torch.export failed on it, unexplained)."""
+    quantized = [name for name, module in model.named_modules() if isinstance(module, (Int8Linear, Int8Embedding))]
+    if quantized:
+        raise ValueError(f"{call} takes a float32 model, and {quantized[0]} is int8 (quantize_int8): pass the model "
+                         f"as it was before quantize_int8 and ask the engine for int8 (use_openvino(model, "
+                         f"precision='int8'), use_onnx_runtime(model, owned=True, precision='int8')): it quantizes "
+                         f"its own copy.")

@@ -46,7 +46,7 @@ from transformers import PreTrainedModel
 
 from ..kernels import is_tracing
 from . import choice
-from .attached import Engine, take_off
+from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
 from .cache import GraphCache, cache_key, export_graph
 from .watch import Watch, class_code, hooked, structure_of
@@ -341,6 +341,7 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
     messages. Returns `model`."""
     if precision not in engine.PRECISIONS:
         raise ValueError(f"{call}: precision={precision!r} is not one of {sorted(engine.PRECISIONS)}.")
+    refuse_quantized(model, call)
     take_off(model)
     units = [module.base_model for module in model.modules() if isinstance(module, PreTrainedModel)
              and module.config.model_type == "vanilla_encoder" and not module.config.is_decoder]

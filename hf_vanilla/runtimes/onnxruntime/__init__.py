@@ -24,7 +24,7 @@ is one floor up, in hf_vanilla/runtimes/.
 import torch
 from transformers import PreTrainedModel
 
-from ..attached import take_off
+from ..attached import refuse_quantized, take_off
 from ..batches import length_groups
 from ..cache import GraphCache
 from ..choice import runtime_choices
@@ -40,6 +40,7 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: b
     both engines use what the process was given). `owned=True`: ONNX Runtime holds the weights of each BERT-style
     body (a float32 model in eval mode, its weights untied from any head), at `precision` "f32" or "int8".
     Calling it again traces the model as it is now: exported once per architecture, cheap otherwise."""
+    refuse_quantized(model, "use_onnx_runtime")
     if owned:
         return hold(model, OwnedOnnxEncoder, precision, threads, cache_dir, "use_onnx_runtime(owned=True)")
     if precision != "f32":
