@@ -41,8 +41,8 @@ Engines, each given the same number of threads (--threads, default 2):
                     for encoders, `Translator.translate_batch` for Marian
 and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by default only where
 `hf_vanilla.precision.bf16_is_fast()` says bf16 is faster here, --precisions bf16 forces them) and
-CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections,
-fbgemm's kernel, per-token activation scales).
+CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections
+and vocabulary projection, fbgemm's kernel, per-token activation scales).
 
 Method. Every case runs rounds in which each engine is called once, in an order rotated every round; a slow
 moment on a shared machine then hits every engine of that round. Each timed call follows an idle gap (--settle),

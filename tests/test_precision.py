@@ -50,7 +50,7 @@ def test_bf16_is_fast_is_false_for_other_devices():
 
 
 def test_int8_linear_is_the_product_up_to_quantization():
-    """Relative error of one product ~1e-2 (7-bit weights, 8-bit tokens): a quality bound, not rounding. A
+    """Relative error of one product ~1e-2 (7- or 8-bit weights, 8-bit tokens): a quality bound, not rounding. A
     transposed (non-contiguous) and a 3-D input give the same rows as a 2-D one."""
     torch.manual_seed(0)
     linear = nn.Linear(384, 1536)
