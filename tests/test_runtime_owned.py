@@ -133,6 +133,15 @@ def test_what_it_refuses_at_attach(held, graphs, case, error):
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
 
 
+def test_onnx_runtime_fed_refuses_a_quantized_model(graphs):
+    pytest.importorskip("onnxruntime", reason="runtime='onnxruntime' needs the onnx extra")
+    from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
+
+    model = quantize_int8(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval())
+    with pytest.raises(ValueError, match=r"use_onnx_runtime takes a float32 model, .* is int8 \(quantize_int8\)"):
+        use_onnx_runtime(model, cache_dir=graphs)
+
+
 def test_what_it_refuses_at_the_call_and_remove(held, graphs, engine_only):
     give_back, name = remove(held)
     torch.manual_seed(0)
