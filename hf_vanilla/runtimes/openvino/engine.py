@@ -10,14 +10,13 @@ holds and saves bfloat16, and OpenVINO computes its products in bfloat16); "int8
 per output row with a float32 scale, OpenVINO's compressed-weight products; embeddings, norms and biases float32;
 the shadow keeps and saves the float32 weights, and PyTorch's path runs them in float32).
 
-How OpenVINO multiplies those int8 weights. Where its CPU plugin has int8 products (measured on AMD Zen 5, AVX-512
-VNNI), it quantizes the activations at each call, one scale per group of `INT8_GROUP` input channels of each token
-(`DYNAMIC_QUANTIZATION_GROUP_SIZE`), and multiplies in int8; elsewhere it widens the weights inside its float32
-kernel. Its default group is 32 channels; 128 was 7-30% faster at every size of benchmarks/engines.py (bert-base
-8x128 163 ms against 196, 1x16 6.3 against 7.6, MiniLM 1x16 2.1 against 2.3) and as accurate as the engines' int8
-must be (tests/test_precision.py: MiniLM on 256 Lee sentences, lowest token cosine 0.9942 against 0.9933 at 32 and
-CTranslate2's 0.984; mean 0.9987 against 0.9992); 384 fell to 0.9912, and 0 (no activation quantization: the
-weights widened) was 0.9957 and 32% slower at MiniLM 1x16 (docs/performance.md).
+How OpenVINO multiplies those int8 weights (measured on AMD Zen 5, AVX-512 VNNI): it quantizes the activations at
+each call, one scale per group of `INT8_GROUP` input channels of each token (`DYNAMIC_QUANTIZATION_GROUP_SIZE`), and
+multiplies in int8. Its default group is 32 channels; 128 was 7-30% faster at every size of benchmarks/engines.py
+(bert-base 8x128 163 ms against 196, 1x16 6.3 against 7.6, MiniLM 1x16 2.1 against 2.3) and as accurate as the
+engines' int8 must be (tests/test_precision.py: MiniLM on 256 Lee sentences, lowest token cosine 0.9942 against
+0.9933 at 32 and CTranslate2's 0.984; mean 0.9987 against 0.9992); 384 fell to 0.9912, and 0 (no activation
+quantization: the weights widened) was 0.9957 and 32% slower at MiniLM 1x16 (docs/performance.md).
 """
 
 import os
