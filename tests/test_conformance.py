@@ -121,7 +121,8 @@ PATHS = [
     # order: 7 bits per weight row against bfloat16's 8 of mantissa).
     Path("openvino", _held("openvino", "f32"), reload=_held_reload("openvino", "f32")),
     Path("openvino chosen", _held("openvino", "f32", "measure"), reload=_held_reload("openvino", "f32")),
-    Path("openvino bf16", _held("openvino", "bf16"), torch.bfloat16, reload=_held_reload("openvino", "bf16")),
+    Path("openvino bf16", _held("openvino", "bf16"), reload=_held_reload("openvino", "bf16"),
+         rule_dtype=torch.bfloat16),  # float32 weights, OpenVINO's products in bfloat16
     Path("openvino int8", _held("openvino", "int8"), reload=_held_reload("openvino", "int8"),
          rule_dtype=torch.bfloat16, refuses_move=MOVED_TO_BF16),
     Path("onnxruntime owned", _held("onnxruntime", "f32"), reload=_held_reload("onnxruntime", "f32"),

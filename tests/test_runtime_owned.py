@@ -15,11 +15,13 @@ the body, what they refuse and how, and their choice per request size. Each test
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
 - each request size runs whichever of the engine and PyTorch measured faster (clock scripted);
 - ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted); a token of
-  zeros beside others gives zeros.
+  zeros beside others gives zeros;
+- OpenVINO at precision "bf16" computes in bf16 from the model's own weights: a float32 model keeps and saves them.
 """
 
 import copy
 import importlib
+import os
 
 import pytest
 import torch
@@ -321,3 +323,37 @@ def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatc
         use_openvino(model, precision="int8", cache_dir=graphs)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_openvino_bf16_computes_in_bf16_from_the_models_own_weights(graphs, engine_only):
+    """precision="bf16" is what OpenVINO computes in, not what the weights become: a float32 model keeps (and
+    saves) its float32 weights and answers in float32 within bfloat16's rule of float32; a bfloat16 model stays
+    bfloat16, and a later model.to(torch.bfloat16) moves the weights too."""
+    pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
+    from hf_vanilla.runtimes.openvino import use_openvino
+
+    if os.environ.get("ONEDNN_MAX_CPU_ISA"):
+        pytest.skip("under ONEDNN_MAX_CPU_ISA OpenVINO's plugin has no bf16 kernel for the CPU it believes it is on "
+                    "(tests/test_conformance.py says why)")
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    inputs = batch()
+    with torch.inference_mode():
+        want = plain(**inputs).last_hidden_state
+    model = use_openvino(copy.deepcopy(plain), precision="bf16", cache_dir=graphs)
+    saved = model.state_dict()
+    assert model.dtype == torch.float32
+    assert all(torch.equal(saved[name], tensor) for name, tensor in plain.state_dict().items())
+    with torch.inference_mode():
+        got = model(**inputs).last_hidden_state
+    assert got.dtype == torch.float32
+    assert_close(got, want, dtype=torch.bfloat16)
+
+    for held in (use_openvino(copy.deepcopy(plain).to(torch.bfloat16), precision="bf16", cache_dir=graphs),
+                 model.to(torch.bfloat16)):
+        with torch.inference_mode():
+            got = held(**inputs).last_hidden_state
+        assert held.dtype == got.dtype == torch.bfloat16
+        assert {tensor.dtype for tensor in held.state_dict().values() if tensor.is_floating_point()} == {
+            torch.bfloat16}
+        assert_close(got, want, dtype=torch.bfloat16)

@@ -58,7 +58,7 @@ class OwnedEncoder(Engine):
 
     RUNTIME = ""  # the runtime= name, in messages
     REMOVE = ""  # the call that gives the weights back, in messages
-    PRECISIONS: dict = {}  # precision -> the dtype the shadow holds
+    PRECISIONS: dict = {}  # precision -> the dtype the shadow holds (None: the model's own, float32 or bfloat16)
     FOLLOWS: dict = {}  # dtype a model.to(...) may move to -> the precision the engine then computes in
 
     @property
@@ -105,7 +105,7 @@ class OwnedEncoder(Engine):
         # Its own tensors, the body's own forward (the engine is not in front yet), and the body's config object: what
         # a user sets on model.config reaches both (a field the graph baked in is a change the watch sees).
         shadow = copy.deepcopy(unit, {id(unit.config): unit.config})
-        dtype = self.PRECISIONS[self.precision]
+        dtype = self.PRECISIONS[self.precision] or next(unit.parameters()).dtype
         self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
         self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
         # Traced and compiled before the body gives anything up: a failure leaves it whole.
@@ -253,8 +253,7 @@ class OwnedEncoder(Engine):
                                f"stay in the engine on the CPU at precision {self.precision!r}: call model.float() "
                                f"to go on, or {self.REMOVE} first.")
         if marker.dtype != self.dtype:  # model.to(torch.bfloat16) or .float(): follow
-            self.precision = self.FOLLOWS[marker.dtype]
-            self.dtype = self.PRECISIONS[self.precision]
+            self.precision, self.dtype = self.FOLLOWS[marker.dtype], marker.dtype
             self.shadow.to(self.dtype)
             self._compile()
         self.watch = self._watch()

@@ -5,10 +5,13 @@ What OpenVINO adds. It compiles the graph with the weights as constants, laid ou
 AMD Zen 5 it won every size of benchmarks/engines.py at float32, padded batches included (docs/performance.md).
 The dense request of a size decided for it is written straight into the output's memory (`run_dense`).
 
-Precisions. "f32"; "bf16" (the weights rounded to bfloat16, as `model.to(torch.bfloat16)` rounds them: the shadow
-holds and saves bfloat16, and OpenVINO computes its products in bfloat16); "int8" (each projection's weight as int8
-per output row with a float32 scale, OpenVINO's compressed-weight products; embeddings, norms and biases float32;
-the shadow keeps and saves the float32 weights, and PyTorch's path runs them in float32).
+Precisions. "f32"; "bf16" (OpenVINO computes in bfloat16, as it does by default on a CPU with bf16 products, from
+the weights as the model holds them: a float32 model's stay float32 in the shadow, which saves them and runs
+PyTorch's path in float32, and OpenVINO computes what its own default does on the same graph; a bfloat16 model's,
+or one moved by `model.to(torch.bfloat16)`, stay bfloat16 throughout);
+"int8" (each projection's weight as int8 per output row with a float32 scale, OpenVINO's compressed-weight products;
+embeddings, norms and biases float32; the shadow keeps and saves the float32 weights, and PyTorch's path runs them
+in float32).
 
 How OpenVINO multiplies those int8 weights (measured on AMD Zen 5, AVX-512 VNNI): it quantizes the activations at
 each call, one scale per group of `INT8_GROUP` input channels of each token (`DYNAMIC_QUANTIZATION_GROUP_SIZE`), and
@@ -39,7 +42,7 @@ class OpenVinoEncoder(OwnedEncoder):
 
     RUNTIME = "openvino"
     REMOVE = "hf_vanilla.runtimes.openvino.remove_openvino(model)"
-    PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # the shadow's dtype
+    PRECISIONS = {"f32": torch.float32, "bf16": None, "int8": torch.float32}  # the shadow's dtype (None: the model's)
     FOLLOWS = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
     def build(self, tensors: dict, precision: str):
