@@ -19,11 +19,11 @@ from .engine import OpenVinoEncoder
 
 
 def use_openvino(model, precision: str = "f32", threads: int | None = None, cache_dir=None):
-    """Run each encoder body of `model` (a vanilla model, in eval mode, float32 or bfloat16 on the CPU) on OpenVINO
-    at `precision` ("f32", "bf16" or "int8": what OpenVINO computes in; the weights keep the model's dtype, but
-    float32 for "f32" and "int8"), the weights held by the engine, and return `model`. `threads`: OpenVINO's (default torch's `get_num_threads()`). `cache_dir`: where
-    traced graphs are kept (the ONNX Runtime engine's cache: $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx).
-    Calling it again compiles the model as it is."""
+    """Run each encoder body of `model` (a vanilla model, in eval mode, float32 or bfloat16 on the CPU) on OpenVINO at
+    `precision` ("f32", "bf16" or "int8": what OpenVINO computes in; the weights keep the model's dtype, but float32
+    for "f32" and "int8"), the weights held by the engine, and return `model`. `threads`: OpenVINO's (default
+    torch's `get_num_threads()`). `cache_dir`: where traced graphs are kept (the ONNX Runtime engine's cache:
+    $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx). Calling it again compiles the model as it is."""
     return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino")
 
 

@@ -7,11 +7,10 @@ The dense request of a size decided for it is written straight into the output's
 
 Precisions. "f32"; "bf16" (OpenVINO computes in bfloat16, as it does by default on a CPU with bf16 products, from
 the weights as the model holds them: a float32 model's stay float32 in the shadow, which saves them and runs
-PyTorch's path in float32, and OpenVINO computes what its own default does on the same graph; a bfloat16 model's,
-or one moved by `model.to(torch.bfloat16)`, stay bfloat16 throughout);
-"int8" (each projection's weight as int8 per output row with a float32 scale, OpenVINO's compressed-weight products;
-embeddings, norms and biases float32; the shadow keeps and saves the float32 weights, and PyTorch's path runs them
-in float32).
+PyTorch's path in float32, and OpenVINO computes what its own default does on the same graph; a bfloat16 model's, or
+one moved by `model.to(torch.bfloat16)`, stay bfloat16 throughout); "int8" (each projection's weight as int8 per
+output row with a float32 scale, OpenVINO's compressed-weight products; embeddings, norms and biases float32; the
+shadow keeps and saves the float32 weights, and PyTorch's path runs them in float32).
 
 How OpenVINO multiplies those int8 weights (measured on AMD Zen 5, AVX-512 VNNI): it quantizes the activations at
 each call, one scale per group of `INT8_GROUP` input channels of each token (`DYNAMIC_QUANTIZATION_GROUP_SIZE`), and
