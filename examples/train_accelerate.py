@@ -177,7 +177,6 @@ def scaled_loss(accelerator, loss, labels):
 
 
 @torch.no_grad()
-@torch.no_grad()
 def evaluate(model, task, data, device):
     """Held-out loss and accuracy, from one forward pass on every process alike (so FSDP's gathers match up).
     seq2seq accuracy is per target token, and exact match counts targets right at every position: the model's
