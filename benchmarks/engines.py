@@ -19,9 +19,9 @@ Engines, each given the same number of threads (--threads, default 2):
                     groups of similar length; the other heads and the decoder in PyTorch; per request size, ONNX
                     Runtime or eager PyTorch, whichever measured faster on its first calls (warmed up through them)
     hf_vanilla OV   ours after `hf_vanilla.runtimes.openvino.use_openvino(model)` (`runtime="openvino"`): the encoder
-                    body on OpenVINO holding its weights (prepacked once), per request size OpenVINO or eager PyTorch
-                    on the engine's copy, whichever measured faster; in the reduced-precision table also at
-                    precision "bf16" and "int8"
+                    body on OpenVINO holding its weights (prepacked once; a short dense shape compiled on its own,
+                    fixed, from its second call), per request size OpenVINO or eager PyTorch on the engine's copy,
+                    whichever measured faster; in the reduced-precision table also at precision "bf16" and "int8"
     hf_vanilla ORT owned  ours after `use_onnx_runtime(model, owned=True)` (`runtime="onnxruntime",
                     runtime_options={"owned": True}`): the encoder body on ONNX Runtime holding its weights (packed
                     once, in its session), per request size ONNX Runtime or eager PyTorch on the engine's copy; in the
@@ -586,7 +586,8 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled
 def warm_up(engines):
     """Each engine's first call, reported as cold start (graph compilation, caches, thread pools), then, for an engine
     that settles over its first calls (`warming`: the ONNX Runtime runtime's choice), calls until it has settled
-    (at most 100)."""
+    (at most 100), then two more: a short dense shape OpenVINO runs gets a compilation of its own at its second
+    call there (runtime='openvino', `static_shapes`), which is start-up, not a request's time."""
     for engine in engines:
         start = time.perf_counter()
         engine.output = engine.run()
@@ -594,6 +595,8 @@ def warm_up(engines):
         for _ in range(100 if engine.warming is not None else 0):
             if not engine.warming():
                 break
+            engine.run()
+        for _ in range(2 if engine.warming is not None else 0):
             engine.run()
 
 

@@ -16,7 +16,9 @@ the body, what they refuse and how, and their choice per request size. Each test
 - each request size runs whichever of the engine and PyTorch measured faster (clock scripted);
 - ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted); a token of
   zeros beside others gives zeros;
-- OpenVINO at precision "bf16" computes in bf16 from the model's own weights: a float32 model keeps and saves them.
+- OpenVINO at precision "bf16" computes in bf16 from the model's own weights: a float32 model keeps and saves them;
+- OpenVINO's compilations of short dense shapes of their own: PyTorch's answers from any thread, dropped with new
+  weights, copies and pickles, bounded by `static_shapes`.
 """
 
 import copy
@@ -357,3 +359,62 @@ def test_openvino_bf16_computes_in_bf16_from_the_models_own_weights(graphs, engi
         assert {tensor.dtype for tensor in held.state_dict().values() if tensor.is_floating_point()} == {
             torch.bfloat16}
         assert_close(got, want, dtype=torch.bfloat16)
+
+
+def test_openvino_compiles_a_short_dense_shape_of_its_own_and_drops_it_with_the_weights(graphs, engine_only):
+    """A dense request of at most STATIC_TOKENS tokens gets a compilation of its own (B, T) at the second request of
+    that shape, for up to `static_shapes` shapes: its answers are PyTorch's within the float32 rule, from any
+    thread; new weights (load_state_dict) drop it with the engine's own compilation, and the next ones answer the new
+    weights; a copy or a pickle starts without; static_shapes=0 compiles none, and a bad value is refused."""
+    pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hf_vanilla.runtimes.openvino import use_openvino
+    from hf_vanilla.runtimes.openvino.engine import STATIC_TOKENS
+
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=2)
+    engine = model.forward
+    short, other, third = (batch(1, 9), batch(2, 5), batch(1, 4))
+    for inputs in (short, other, third):
+        inputs["attention_mask"].fill_(1)
+    long = {"input_ids": torch.randint(1, CONFIG["vocab_size"], (3, STATIC_TOKENS // 3 + 1))}
+
+    def check(model, reference, inputs, times=1):
+        with torch.inference_mode():
+            want = reference(**inputs)
+            for _ in range(times):
+                got = model(**inputs)
+                assert_close(got.last_hidden_state, want.last_hidden_state)
+                assert_close(got.pooler_output, want.pooler_output)
+
+    check(model, plain, short)
+    assert engine.static == {}  # the first request of a shape runs on the compilation for any shape
+    check(model, plain, short, times=2)
+    check(model, plain, long, times=3)  # too long to get its own
+    assert list(engine.static) == [(1, 9)]
+    with ThreadPoolExecutor(4) as pool:  # the second shape compiled while other threads ask for it
+        list(pool.map(lambda _: check(model, plain, other), range(8)))
+    check(model, plain, third, times=3)  # two shapes kept at most: the third runs on the engine's own
+    assert set(engine.static) == {(1, 9), (2, 5)}
+
+    for how in (copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        clone = how(model)
+        check(clone, plain, short)
+        assert clone.forward.static == {}
+
+    new = {name: tensor * 1.1 for name, tensor in plain.state_dict().items()}
+    plain.load_state_dict(new)
+    model.load_state_dict(new)
+    assert engine.static == {}
+    check(model, plain, short, times=3)
+    assert list(engine.static) == [(1, 9)]
+
+    none = use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=0)
+    check(none, plain, short, times=3)
+    assert none.forward.static == {}
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"static_shapes={bad!r} must be a whole number"):
+            use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=bad)

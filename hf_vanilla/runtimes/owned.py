@@ -92,6 +92,11 @@ class OwnedEncoder(Engine):
         call."""
         return self.run(compiled, feeds)
 
+    def for_shape(self, B: int, T: int):
+        """The compilation a dense (B, T) request runs on, chosen under the lock after the check: the engine's own (an
+        engine may keep one per request shape, dropped with it by `_compile`)."""
+        return self.compiled
+
     def outputs_of(self, compiled) -> tuple[list, bool]:
         """(the graph's output names in order, whether it reads token_type_ids)."""
         raise NotImplementedError
@@ -204,7 +209,7 @@ class OwnedEncoder(Engine):
         them: run beside an engine's threads on a 2-core machine they slowed both."""
         with self.lock:
             self._follow()
-            compiled = self.compiled
+            compiled = self.for_shape(*feeds["input_ids"].shape)
         outputs = self.run_dense(compiled, feeds)
         return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
 
@@ -287,8 +292,9 @@ class OwnedEncoder(Engine):
 
     def load(self, module, state_dict: dict, prefix: str, local_metadata, strict, missing_keys, unexpected_keys,
              error_msgs) -> None:
-        """`load_state_dict()`'s hook on the body: the shadow's keys are taken out of `state_dict`, loaded into the
-        shadow (as `load_state_dict` would, `assign=` included), and the engine is compiled from them."""
+        """`load_state_dict()`'s hook on the body: the shadow's keys are taken out of `state_dict`, copied into the
+        shadow as its new tensors (with or without `assign=`: the caller keeps its own), and the engine is compiled
+        from them."""
         with self.lock:
             if structure_of(self.unit) != self.structure:  # a module replaced: its keys go to it, not the shadow
                 self.give_back()
@@ -296,8 +302,9 @@ class OwnedEncoder(Engine):
             own = self.shadow.state_dict()
             mine = {name[len(prefix):]: state_dict.pop(name).detach().clone() for name in list(state_dict)
                     if name.startswith(prefix) and name[len(prefix):] in own}  # copies: the caller keeps its tensors
-            result = self.shadow.load_state_dict(mine, strict=False,
-                                                 assign=local_metadata.get("assign_to_params_buffers", False))
+            # Assigned, not copied into: the memory the engine was compiled from (which it may read, not copy) is
+            # never written, and a call running on the old compilation meanwhile answers the old weights whole.
+            result = self.shadow.load_state_dict(mine, strict=False, assign=True)
             missing_keys.extend(prefix + name for name in result.missing_keys)
             marker = module._parameters.get(self.marker)
             if marker is not None:  # not in any checkpoint: loaded as itself
@@ -333,11 +340,11 @@ def tensors_of(shadow) -> dict:
                                                                        *shadow.named_buffers()]}
 
 
-def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str):
+def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str, **options):
     """Put `engine` (an OwnedEncoder class) in front of each encoder body of `model`, holding its weights at
     `precision`, after the checks that leave the model whole when it cannot (the module docstring); engines already
     there are taken off first (`attached.take_off`), once the arguments are known good. `call` names the function in
-    messages. Returns `model`."""
+    messages; `options` go to the engine's constructor. Returns `model`."""
     if precision not in engine.PRECISIONS:
         raise ValueError(f"{call}: precision={precision!r} is not one of {sorted(engine.PRECISIONS)}.")
     refuse_quantized(model, call)
@@ -361,7 +368,7 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
                          f"would part: run this model on runtime='onnxruntime' with its weights fed, or untie them.")
     cache = GraphCache(cache_dir)
     for unit in units:
-        engine(unit, precision, threads or torch.get_num_threads(), cache)
+        engine(unit, precision, threads or torch.get_num_threads(), cache, **options)
     return model
 
 
