@@ -9,7 +9,8 @@ A path is a way to run a float32 `VanillaEncoderModel` (`make`), and what it mus
 plain float32 model after the same edit, at the float32 rule (tests/numerics.py); for int8, a fresh `quantize_int8`
 of the edited float32 model (int8 owns its weights: its answer is the quantization's, exactly); for bfloat16, the
 float32 model at bfloat16's rule. The battery: right and left padding and `inputs_embeds`; ten kinds of weight edit,
-a module replaced and a method patched on a class; concurrent calls from several threads; save_pretrained and
+a module replaced and a method patched on a class (each on a padded and a dense request, which engines run apart);
+concurrent calls from several threads; save_pretrained and
 from_pretrained; pickling and deep copies; a thread-count change; a later dtype move.
 
 Compiled runs `torch.compile` with the aot_eager backend: what a compiled model follows is decided by dynamo's
@@ -80,15 +81,20 @@ def _skip_openvino_under_an_isa_cap():
                     "names precision='f32')")
 
 
-def _held(runtime, precision, choice="engine"):
-    """A path whose engine holds the weights: `runtime` "openvino" or "onnxruntime" (owned=True)."""
+def _held(runtime, precision, choice="engine", static_after=None):
+    """A path whose engine holds the weights: `runtime` "openvino" or "onnxruntime" (owned=True). `static_after`:
+    the request of a short dense shape at which OpenVINO compiles it on its own (its STATIC_AFTER, on this model's
+    engine only)."""
     def make(model):
         if runtime == "openvino" and precision != "f32":
             _skip_openvino_under_an_isa_cap()
         from hf_vanilla.runtime_registry import apply_runtime
         from hf_vanilla.runtimes import choice as runtime_choice
         runtime_choice.CHOICE = choice  # restored by the `path` fixture
-        return apply_runtime(model, runtime, **_held_options(runtime, precision))
+        model = apply_runtime(model, runtime, **_held_options(runtime, precision))
+        if static_after is not None:
+            model.forward.STATIC_AFTER = static_after
+        return model
     return make
 
 
@@ -121,6 +127,8 @@ PATHS = [
     # order: 7 bits per weight row against bfloat16's 8 of mantissa).
     Path("openvino", _held("openvino", "f32"), reload=_held_reload("openvino", "f32")),
     Path("openvino chosen", _held("openvino", "f32", "measure"), reload=_held_reload("openvino", "f32")),
+    # Every short dense request on a compilation of its own shape from its first (OpenVINO's `static_shapes`).
+    Path("openvino static", _held("openvino", "f32", static_after=1), reload=_held_reload("openvino", "f32")),
     Path("openvino bf16", _held("openvino", "bf16"), reload=_held_reload("openvino", "bf16"),
          rule_dtype=torch.bfloat16),  # float32 weights, OpenVINO's products in bfloat16
     Path("openvino int8", _held("openvino", "int8"), reload=_held_reload("openvino", "int8"),
@@ -305,23 +313,27 @@ def test_an_edit_is_followed(pair, path, edit):
     """The same edit on both models, by the names the path's model has (an int8 model has no float32 projection
     weights to edit; load_state_dict gives it new ones, which it quantizes): then the same answers."""
     reference, model = pair
-    inputs = batch((7, 3, 5))
-    answer(model, inputs)  # warm: graphs traced, choices measured, compiled
+    requests = [batch((7, 3, 5)), batch((6, 6))]  # padded, and dense (an engine's own path for it)
+    for inputs in requests:
+        answer(model, inputs)  # warm: graphs traced, choices measured, compiled
     names = set(_params(model))
     EDITS[edit](model, names)
     EDITS[edit](reference, names)
-    assert_answers(path, model, reference, inputs)
+    for inputs in requests:
+        assert_answers(path, model, reference, inputs)
 
 
 def test_a_method_patched_on_a_class_is_followed(pair, path, monkeypatch):
     reference, model = pair
-    inputs = batch((7, 3, 5))
-    answer(model, inputs)
+    requests = [batch((7, 3, 5)), batch((6, 6))]
+    for inputs in requests:
+        answer(model, inputs)
     forward = transformer.VanillaFeedForward.forward
     monkeypatch.setattr(transformer.VanillaFeedForward, "forward", lambda self, x: forward(self, x) * 0.5)
     if path.name == "compiled":
         torch.compiler.reset()  # dynamo guards inputs and parameters, not class methods: torch's documented contract
-    assert_answers(path, model, reference, inputs)
+    for inputs in requests:
+        assert_answers(path, model, reference, inputs)
 
 
 def test_int8_has_no_float_weight_to_go_stale(plain):

@@ -57,6 +57,7 @@ class OpenVinoEncoder(OwnedEncoder):
     REMOVE = "hf_vanilla.runtimes.openvino.remove_openvino(model)"
     PRECISIONS = {"f32": torch.float32, "bf16": None, "int8": torch.float32}  # the shadow's dtype (None: the model's)
     FOLLOWS = {torch.float32: "f32", torch.bfloat16: "bf16"}
+    STATIC_AFTER = 2  # the request of a short dense shape that compiles it (the first may be a one-off)
 
     def __init__(self, unit, precision: str, threads: int, cache, static_shapes: int = STATIC_SHAPES):
         self.static_shapes = static_shapes
@@ -89,7 +90,7 @@ class OpenVinoEncoder(OwnedEncoder):
         static = self.static.get((B, T))
         if static is None and B * T <= STATIC_TOKENS and len(self.static) < self.static_shapes:
             seen = self.seen[B, T] = self.seen.get((B, T), 0) + 1
-            if seen >= 2:
+            if seen >= self.STATIC_AFTER:
                 static = self.static[B, T] = compile_graph(self.graph, tensors_of(self.shadow), self.precision,
                                                            self.threads, (B, T))
         return static or self.compiled
