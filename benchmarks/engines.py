@@ -44,8 +44,9 @@ and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by def
 CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections
 and vocabulary projection, fbgemm's kernel, per-token activation scales).
 
-Method. Every case runs rounds in which each engine is called once, in an order rotated every round; a slow
-moment on a shared machine then hits every engine of that round. Each timed call follows an idle gap (--settle),
+Method. Every case runs rounds in which each engine is called once, in an order shuffled every round (seeded); a
+slow moment on a shared machine then hits every engine of that round, and no engine always follows the same
+neighbour (see `time_rounds`). Each timed call follows an idle gap (--settle),
 so that no engine shares the cores with the previous engine's spinning threads (see `time_rounds`); the same case
 is then timed again in rounds of its own with calls back to back (`--settle` 0), and each method has its table. The speed-up of an engine is the median over
 rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its
@@ -71,6 +72,7 @@ import contextlib
 import io
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -601,8 +603,14 @@ def warm_up(engines):
 
 
 def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=200):
-    """Rounds of every engine once, in an order rotated each round, until `min_rounds` are done and `budget_s` is
+    """Rounds of every engine once, in an order shuffled each round, until `min_rounds` are done and `budget_s` is
     spent; the seconds of each call go to `engine.times[settle_s]`.
+
+    Shuffled, not rotated: a rotated order keeps each engine behind the same neighbour in every round but one, and
+    what ran just before decides much of a short call's time (measured back to back on bert-base 1x16, AMD Zen 5:
+    OpenVINO bf16 7.3 ms after another OpenVINO call, 10.0 after transformers), so a rotation measured each engine
+    after its own fixed neighbour. Shuffled with a fixed seed, every engine follows a mix of them, the same run to
+    run.
 
     Before each timed call the process idles `settle_s`. Each engine has its own thread pool (torch's and
     CTranslate2's OpenMP, ONNX Runtime's, OpenVINO's), and a pool's threads spin for a while after a call: back to
@@ -616,12 +624,13 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
     never pays; spinning keeps the core awake while the other pools' threads still stop."""
     for engine in engines:
         engine.times[settle_s] = []
-    start = time.perf_counter()
+    start, shuffle = time.perf_counter(), random.Random(len(engines)).shuffle
+    order = list(engines)
     for i in range(max_rounds):
         if i >= min_rounds and time.perf_counter() - start > budget_s:
             break
-        k = i % len(engines)
-        for engine in engines[k:] + engines[:k]:
+        shuffle(order)
+        for engine in order:
             if busy:
                 deadline = time.perf_counter() + settle_s
                 while time.perf_counter() < deadline:
