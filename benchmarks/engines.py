@@ -46,13 +46,13 @@ and vocabulary projection, fbgemm's kernel, per-token activation scales).
 
 Method. Every case runs rounds in which each engine is called once, in an order shuffled every round (seeded); a
 slow moment on a shared machine then hits every engine of that round, and no engine always follows the same
-neighbour (see `time_rounds`). Each timed call follows an idle gap (--settle),
-so that no engine shares the cores with the previous engine's spinning threads (see `time_rounds`); the same case
-is then timed again in rounds of its own with calls back to back (`--settle` 0), and each method has its table. The speed-up of an engine is the median over
-rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its
-own next call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first call)
-are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form (tensors,
-numpy arrays, lists of ids); converting the output back is timed.
+neighbour (see `time_rounds`). Each timed call follows an idle gap (--settle), so that no engine shares the cores
+with the previous engine's spinning threads (see `time_rounds`); the same case is then timed again in rounds of its
+own with calls back to back (`--settle` 0), and each method has its table. The speed-up of an engine is the median
+over rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against
+its own next call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first
+call) are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form
+(tensors, numpy arrays, lists of ids); converting the output back is timed.
 
 Checks. Every float32 output is compared with transformers' at real tokens with the rule of tests/numerics.py,
 |x - ref| <= 1e-5 * max(1, max |ref|); greedy generations must be token for token identical. Reduced precision is
