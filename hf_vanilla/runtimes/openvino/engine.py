@@ -6,14 +6,14 @@ AMD Zen 5 it won every size of benchmarks/engines.py at float32, padded batches 
 The dense request of a size decided for it is written straight into the output's memory (`run_dense`).
 
 Shapes of their own. OpenVINO runs a graph whose input shapes are fixed at compile time faster than one that takes
-any shape: it plans its memory and fuses once instead of at each call. On AMD Zen 5 a request of 16 tokens ran
-0.3-0.6 ms sooner (MiniLM 2.46 ms against 2.76 after an idle gap, bert-base 11.7 against 12.3), with identical
-outputs; the gain is about that much at any size, so it counts only on small requests. So a dense request of at
-most STATIC_TOKENS tokens gets a compilation of its own (B, T) the second time that shape comes (0.2 s for MiniLM,
-0.5 s for bert-base, paid by that request), for up to `static_shapes` shapes. Each costs its kernels' layout of the
-projections' weights again (MiniLM +50 MB, bert-base about +340 MB at float32): the constants read the shadow's
-memory rather than copies. They are derived state like the engine's own compilation, dropped with it at every
-recompilation (`_compile`), never pickled.
+any shape: with the shapes fixed it infers them and plans its memory once, not at each call. On AMD Zen 5 a request
+of 16 tokens ran 0.3-0.6 ms sooner (MiniLM 2.46 ms against 2.76 after an idle gap, bert-base 11.7 against 12.3),
+with identical outputs; the gain is about that much at any size, so it counts only on small requests. So a dense
+request of at most STATIC_TOKENS tokens gets a compilation of its own (B, T) the second time that shape comes (0.2 s
+for MiniLM, 0.5 s for bert-base, paid by that request), for up to `static_shapes` shapes. Each costs its kernels'
+layout of the projections' weights again (MiniLM +53 MB, bert-base +341 MB at float32, measured): the constants read
+the shadow's memory rather than copies. They are derived state like the engine's own compilation, dropped with it at
+every recompilation (`_compile`), never pickled.
 
 Precisions. "f32"; "bf16" (OpenVINO computes in bfloat16, as it does by default on a CPU with bf16 products, from
 the weights as the model holds them: a float32 model's stay float32 in the shadow, which saves them and runs
