@@ -18,7 +18,8 @@ the body, what they refuse and how, and their choice per request size. Each test
   zeros beside others gives zeros;
 - OpenVINO at precision "bf16" computes in bf16 from the model's own weights: a float32 model keeps and saves them;
 - OpenVINO's compilations of short dense shapes of their own: PyTorch's answers from any thread, dropped with new
-  weights, copies and pickles, bounded by `static_shapes`.
+  weights, copies and pickles, bounded by `static_shapes`;
+- every request sent to OpenVINO shares its inputs (a copying one writes into freed memory in OpenVINO 2026.4).
 """
 
 import copy
@@ -418,3 +419,35 @@ def test_openvino_compiles_a_short_dense_shape_of_its_own_and_drops_it_with_the_
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=rf"static_shapes={bad!r} must be a whole number"):
             use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=bad)
+
+
+def test_openvino_shares_the_inputs_of_every_request_it_sends(graphs, engine_only, monkeypatch):
+    """Every request the engine sends OpenVINO shares its inputs' memory, the probe of a reduced precision's
+    compilation included: OpenVINO 2026.4 writes a copying request's inputs into the memory the last sharing request
+    was given, which here is freed (engine.OpenVinoEncoder.run)."""
+    openvino = pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e "
+                                                      "'.[openvino]'")
+    import inspect
+
+    from hf_vanilla.runtimes.openvino import use_openvino
+
+    shared = []
+    for name in ("infer", "start_async"):
+        original = getattr(openvino.InferRequest, name)
+        signature = inspect.signature(original)
+
+        def spy(*args, _original=original, _signature=signature, **kwargs):
+            shared.append(_signature.bind(*args, **kwargs).arguments.get("share_inputs", False))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(openvino.InferRequest, name, spy)
+    precisions = ["f32"] if os.environ.get("ONEDNN_MAX_CPU_ISA") else ["f32", "int8"]  # why: test_conformance.py
+    dense = {"input_ids": batch(2, 5)["input_ids"]}
+    for precision in precisions:
+        model = use_openvino(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), precision=precision,
+                             cache_dir=graphs, static_shapes=1)
+        with torch.inference_mode():
+            for inputs in (batch(), dense, dense, dense):
+                model(**inputs)
+        assert model.forward.static  # the dense shape's own compilation ran too
+    assert len(shared) > 8 and all(shared)

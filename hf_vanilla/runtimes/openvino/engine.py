@@ -71,7 +71,8 @@ class OpenVinoEncoder(OwnedEncoder):
         try:
             compiled = compile_graph(self.graph, tensors, precision, self.threads)
             inputs = example_inputs(self.shadow.config, [i.get_any_name() for i in compiled.inputs])
-            compiled.create_infer_request().infer({name: value.numpy() for name, value in inputs.items()})
+            compiled.create_infer_request().infer({name: value.numpy() for name, value in inputs.items()},
+                                                  share_inputs=True)  # as every request here (`run`)
         except RuntimeError as error:
             said, capped = str(error).strip().splitlines()[-1], os.environ.get("ONEDNN_MAX_CPU_ISA")
             why = (f"; ONEDNN_MAX_CPU_ISA={capped} caps the oneDNN inside OpenVINO's CPU plugin, which picks "
@@ -100,6 +101,10 @@ class OpenVinoEncoder(OwnedEncoder):
                 any(i.get_any_name() == "token_type_ids" for i in compiled.inputs))
 
     def run(self, compiled, feeds: dict) -> list:
+        """Every request here shares its inputs' memory (`share_inputs=True`), never copies them: in OpenVINO 2026.4 a
+        request that copies its inputs writes them into the input memory of the compiled model's last request that
+        shared its own, whether that memory is still alive or not (measured: the second request's ids appeared in the
+        first's array; freed, glibc aborted on the corrupted heap)."""
         request = self._request(compiled)
         request.start_async(feeds, share_inputs=True)
         request.wait()
