@@ -44,9 +44,9 @@ and, in the reduced-precision table, the same calls in bfloat16 (PyTorch; by def
 CTranslate2 int8 (weights quantized at load) and ours in int8 (`hf_vanilla.precision.quantize_int8`: int8 projections
 and vocabulary projection, fbgemm's kernel, per-token activation scales).
 
-Method. Every case runs rounds in which each engine is called once, in an order shuffled every round (seeded); a
-slow moment on a shared machine then hits every engine of that round, and no engine always follows the same
-neighbour (see `time_rounds`). Each timed call follows an idle gap (--settle), so that no engine shares the cores
+Method. Every case runs rounds in which each engine is called once, in balanced orders (each engine right after
+each other one equally often); a slow moment on a shared machine then hits every engine of that round, and what ran
+just before, which decides much of a short call back to back, is the same mix for every engine (see `time_rounds`). Each timed call follows an idle gap (--settle), so that no engine shares the cores
 with the previous engine's spinning threads (see `time_rounds`); the same case is then timed again in rounds of its
 own with calls back to back (`--settle` 0), and each method has its table. The speed-up of an engine is the median
 over rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against
@@ -72,7 +72,6 @@ import contextlib
 import io
 import logging
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -603,14 +602,15 @@ def warm_up(engines):
 
 
 def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=200):
-    """Rounds of every engine once, in an order shuffled each round, until `min_rounds` are done and `budget_s` is
+    """Rounds of every engine once, in the orders of `balanced_orders`, until `min_rounds` are done and `budget_s` is
     spent; the seconds of each call go to `engine.times[settle_s]`.
 
-    Shuffled, not rotated: a rotated order keeps each engine behind the same neighbour in every round but one, and
-    what ran just before decides much of a short call's time (measured back to back on bert-base 1x16, AMD Zen 5:
-    OpenVINO bf16 7.3 ms after another OpenVINO call, 10.0 after transformers), so a rotation measured each engine
-    after its own fixed neighbour. Shuffled with a fixed seed, every engine follows a mix of them, the same run to
-    run.
+    What ran just before decides much of a short call's time: back to back, bert-base 1x16 float32 on OpenVINO took
+    12 ms after another OpenVINO call, 15.5 after transformers and 20.5 after ONNX Runtime, whichever OpenVINO path
+    (AMD Zen 5), and OpenVINO bf16 7.3 ms after OpenVINO, 10.0 after transformers. A fixed order (rotated) timed each
+    engine after its own neighbour; a shuffled one after a draw of neighbours, which in one run put ours behind ONNX
+    Runtime more often than OpenVINO's own call (17.9 ms against 12.5 at the median, each as fast as the other after
+    any one predecessor). In balanced orders every engine follows every other equally often.
 
     Before each timed call the process idles `settle_s`. Each engine has its own thread pool (torch's and
     CTranslate2's OpenMP, ONNX Runtime's, OpenVINO's), and a pool's threads spin for a while after a call: back to
@@ -624,13 +624,12 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
     never pays; spinning keeps the core awake while the other pools' threads still stop."""
     for engine in engines:
         engine.times[settle_s] = []
-    start, shuffle = time.perf_counter(), random.Random(len(engines)).shuffle
-    order = list(engines)
+    start, orders = time.perf_counter(), balanced_orders(len(engines))
     for i in range(max_rounds):
         if i >= min_rounds and time.perf_counter() - start > budget_s:
             break
-        shuffle(order)
-        for engine in order:
+        for index in orders[i % len(orders)]:
+            engine = engines[index]
             if busy:
                 deadline = time.perf_counter() + settle_s
                 while time.perf_counter() < deadline:
@@ -640,6 +639,20 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
             t0 = time.perf_counter()
             engine.output = engine.run()
             engine.times[settle_s].append(time.perf_counter() - t0)
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of 0..n-1 in which each one comes right after each other one equally often, and in each place equally
+    often: a Williams design (a row-complete Latin square, `n` orders for an even `n`; with the same orders reversed,
+    2n for an odd one). The orders repeat; a run of fewer rounds than one cycle is balanced as far as it goes."""
+    first, low, high = [0], 1, n - 1
+    while low <= high:
+        first.append(low)
+        if low != high:
+            first.append(high)
+        low, high = low + 1, high - 1
+    orders = [[(k + shift) % n for k in first] for shift in range(n)]
+    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
 
 
 def ratio_text(reference, engine, settle):
