@@ -72,8 +72,8 @@ def _classes(objects) -> list:
 def class_code(unit) -> dict:
     """What the unit's modules' classes (and their bases) hold, each attribute by identity: a method patched on a
     class after tracing (`VanillaFeedForward.forward = patched`) changes what PyTorch runs but not the graph. What no
-    call of a module that exists runs (`NOT_RUN_BY_A_CALL`) is left out."""
-    return {cls: {name: value for name, value in vars(cls).items() if name not in NOT_RUN_BY_A_CALL}
+    call of a module that exists runs (`run_by_a_call`) is left out."""
+    return {cls: {name: value for name, value in vars(cls).items() if run_by_a_call(name)}
             for cls in _classes(unit.modules())}
 
 
@@ -82,12 +82,15 @@ def _tensor_meta(tensors: list) -> tuple:
             list(map(_META, tensors)))
 
 
-# Class attributes no call of a module that exists runs: what makes a module and what restores one from a pickle.
-# torch.compile, the first time it runs anywhere in the process, wraps nn.Module.__init__ and __setstate__ and sets
-# the flag below on nn.Module (torch._dynamo.mutation_guard.install_generation_tagging_init, to tag the modules made
-# after it): counted as a patched class, it sent every engine attached before back to PyTorch (runtime="onnxruntime")
-# or through a recompilation (the engines that hold the weights).
-NOT_RUN_BY_A_CALL = {"__init__", "__new__", "__setstate__", "___needs_generation_tag_patch"}
+def run_by_a_call(name: str) -> bool:
+    """Whether a class attribute of this name can run when a module that exists is called: not what makes a module
+    or restores one from a pickle, nor the flag torch.compile leaves beside them. torch.compile, the first time it runs
+    anywhere in the process, wraps nn.Module.__init__ and __setstate__ and flags nn.Module as done
+    (torch._dynamo.mutation_guard.install_generation_tagging_init, to tag the modules made after it; the flag is
+    `___needs_generation_tag_patch` in torch 2.13, `___has_generation_tag_patch` in 2.15): counted as a patched class,
+    it sent every engine attached before back to PyTorch (runtime="onnxruntime") or through a recompilation."""
+    return name not in ("__init__", "__new__", "__setstate__") and not name.endswith("_generation_tag_patch")
+
 
 # torch's global forward hooks run around every module's forward: inside the graph they would not run.
 GLOBAL_HOOKS = (torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks)
