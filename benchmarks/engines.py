@@ -46,11 +46,12 @@ and vocabulary projection, fbgemm's kernel, per-token activation scales).
 
 Method. Every case runs rounds in which each engine is called once, in balanced orders (each engine right after
 each other one equally often); a slow moment on a shared machine then hits every engine of that round, and what ran
-just before, which decides much of a short call back to back, is the same mix for every engine (see `time_rounds`). Each timed call follows an idle gap (--settle), so that no engine shares the cores
-with the previous engine's spinning threads (see `time_rounds`); the same case is then timed again in rounds of its
-own with calls back to back (`--settle` 0), and each method has its table. The speed-up of an engine is the median
-over rounds of t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against
-its own next call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first
+just before, which decides much of a short call back to back, is the same mix for every engine (see `time_rounds`).
+Each timed call follows an idle gap (--settle), so that no engine shares the cores with the previous engine's
+spinning threads (see `time_rounds`); the same case is then timed again in rounds of its own with calls back to
+back (`--settle` 0), and each method has its table. The speed-up of an engine is the median over rounds of
+t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its own next
+call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first
 call) are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form
 (tensors, numpy arrays, lists of ids); converting the output back is timed.
 
@@ -628,7 +629,8 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
     for i in range(max_rounds):
         spent = time.perf_counter() - start
         # Past the budget, rounds go on to the end of the cycle of orders (its balance) while that takes at most
-        # three budgets: the short cases' 28-84 rounds become 34-102 with 17 engines; the long ones stop at min_rounds.
+        # three budgets: with 17 engines the single short requests' 28-84 rounds became 34-102 (AMD Zen 5); the
+        # other cases stop at three budgets, or at min_rounds where one round takes longer.
         if i >= min_rounds and spent > budget_s and (i % len(orders) == 0 or spent > 3 * budget_s):
             break
         for index in orders[i % len(orders)]:

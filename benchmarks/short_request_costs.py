@@ -39,6 +39,7 @@ from hf_vanilla.export import export_encoder
 from hf_vanilla.runtimes.batches import module_output
 from hf_vanilla.runtimes.openvino import use_openvino
 
+REQUEST = [[101, *range(2000, 2014), 102]]  # one query of 16 tokens, [CLS] and [SEP] included
 SETTLE = 0.05  # idle before every timed call
 ROUND_IDLE = 0.35  # added at the end of each round: each engine's own calls ~0.5 s apart, as in engines.py
 
@@ -53,7 +54,7 @@ def contenders(directory: Path, threads: int):
     path = directory / "model.onnx"
     names = ["input_ids", "attention_mask", "token_type_ids"]
     export_encoder(plain, path, names, ("last_hidden_state",))
-    input_ids = torch.tensor([[101, *range(2000, 2014), 102]])
+    input_ids = torch.tensor(REQUEST)
     attention_mask = torch.ones_like(input_ids)
     feeds = graph_feeds(names, input_ids, attention_mask)
     session = ort_session(path, threads)
@@ -92,7 +93,7 @@ def alone(path: Path, threads: int, count: int) -> list:
 
 def alone_child(path: str, threads: int, count: int) -> None:
     session = ort_session(path, threads)
-    input_ids = torch.tensor([[101, *range(2000, 2014), 102]])
+    input_ids = torch.tensor(REQUEST)
     feeds = graph_feeds(["input_ids", "attention_mask", "token_type_ids"], input_ids, torch.ones_like(input_ids))
     for _ in range(5):
         session.run(None, feeds)
