@@ -113,7 +113,7 @@ def _held_reload(runtime, precision):
 
 
 _GRAPHS = []  # the session's graph cache folder, set by the `paths` fixture
-MOVED_TO_BF16 = r"moved to torch\.bfloat16.*model\.float\(\)"  # what a held engine that cannot follow says
+MOVED_TO_BF16 = r"Moving the model to torch\.bfloat16.*model\.float\(\)"  # what a held engine that cannot follow says
 PATHS = [
     Path("eager", lambda model: model),
     Path("runtime forced", _runtime("engine"), reload=_runtime_reload),
@@ -327,6 +327,83 @@ def test_an_edit_is_followed(pair, path, edit):
         assert_answers(path, model, reference, inputs)
 
 
+def _failed_load(strict=True, assign=False, missing=False):
+    """load_state_dict of new values (0.8 x each) with one body tensor of the wrong shape, or one left out: PyTorch
+    loads every other tensor, then raises."""
+    def change(model):
+        module = getattr(model, "_orig_mod", model)
+        state = {name: (tensor * 0.8).to(tensor.dtype) for name, tensor in module.state_dict().items()}
+        if missing:
+            del state["encoder.layers.1.ffn.up_proj.bias"]
+        else:
+            state["encoder.layers.1.ffn.up_proj.weight"] = torch.zeros(3, 3)
+        module.load_state_dict(state, strict=strict, assign=assign)
+    return change
+
+
+def _failed_replacement(model):
+    """A pooler of the wrong input width: every forward fails until it is repaired (`_repair`)."""
+    getattr(model, "_orig_mod", model).pooler = nn.Linear(CONFIG["hidden_size"] + 1, CONFIG["hidden_size"])
+    raise RuntimeError("replaced")  # the replacement itself succeeds; the calls after it fail
+
+
+def _repair(model):
+    module = getattr(model, "_orig_mod", model)
+    torch.manual_seed(2)
+    module.pooler = nn.Linear(CONFIG["hidden_size"], CONFIG["hidden_size"]).to(module.dtype)
+
+
+FAILED_CHANGES = {
+    "load_state_dict, a tensor of the wrong shape": _failed_load(),
+    "load_state_dict(assign=True), a tensor of the wrong shape": _failed_load(assign=True),
+    "load_state_dict, a tensor missing": _failed_load(missing=True),
+    "a module replaced by one that fails": _failed_replacement,
+    "a move to a dtype torch refuses": lambda model: model.to(torch.int8),
+}
+
+
+def _outcome(model, inputs, **options):
+    """(hidden states at the real tokens, pooled output), or the exception a call raised."""
+    try:
+        with torch.inference_mode(), _quiet():
+            output = model(**inputs, **options)
+    except Exception as error:  # noqa: BLE001  (what a refusal raises is the finding)
+        return error
+    return output.last_hidden_state[inputs["attention_mask"].bool()].float(), output.pooler_output.float()
+
+
+@pytest.mark.parametrize("change", list(FAILED_CHANGES))
+def test_a_failed_change_answers_one_way(pair, path, change):
+    """A change that raises half-way leaves the path answering as plain PyTorch after the same failed change (which
+    loads every tensor but the misfits), on every route a request can take (padded, dense, hidden states asked
+    for: PyTorch's route on an engine), or refusing every call as PyTorch does; and after the repair, the same
+    again. An engine holding the weights once kept the old compilation beside the half-loaded copy: two answers to
+    one request."""
+    reference, model = pair
+    requests = [batch((7, 3, 5)), batch((6, 6)), batch((4,))]
+    for inputs in requests:
+        answer(model, inputs)  # warm: graphs traced, choices measured, compiled
+    for target in (model, reference):
+        with pytest.raises((RuntimeError, TypeError)), _quiet():
+            FAILED_CHANGES[change](target)
+    for attempt in ("failed", "repaired"):
+        expected_model = path.expected(reference)
+        for inputs in requests:
+            for options in ({}, {"output_hidden_states": True}):
+                want, got = _outcome(expected_model, inputs, **options), _outcome(model, inputs, **options)
+                if isinstance(want, Exception):
+                    assert isinstance(got, Exception), f"{attempt}: answered where PyTorch raises {want!r}"
+                    continue
+                assert not isinstance(got, Exception), f"{attempt}: {got!r}"
+                for have, wanted in zip(got, want):
+                    assert_close(have, wanted, dtype=path.rule)
+        if change == "a module replaced by one that fails":
+            for target in (model, reference):
+                _repair(target)
+        else:
+            break
+
+
 def test_a_method_patched_on_a_class_is_followed(pair, path, monkeypatch):
     reference, model = pair
     requests = [batch((7, 3, 5)), batch((6, 6))]
@@ -389,15 +466,24 @@ def test_int8_has_no_float_weight_to_go_stale(plain):
 @pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
 def test_a_held_engine_leaves_no_weight_to_go_stale(plain, runtime, tmp_path):
     """An engine that holds the encoder's weights leaves the model none to write (only the empty marker that follows
-    model.to), and its remove_* call gives them all back, as the engine holds them."""
+    model.to): each weight reads as the engine's copy and refuses a write, naming the remove_* call, which gives them
+    all back, as the engine holds them."""
     from hf_vanilla.runtime_registry import apply_runtime
     from hf_vanilla.runtimes.onnxruntime import remove_onnx_runtime
     from hf_vanilla.runtimes.openvino import remove_openvino
     options = {"owned": True} if runtime == "onnxruntime" else {}
     model = apply_runtime(copy.deepcopy(plain), runtime, cache_dir=_GRAPHS[0] if _GRAPHS else tmp_path, **options)
     assert [p.numel() for p in model.parameters()] == [0]
-    with pytest.raises(AttributeError, match="weight"):
-        model.encoder.layers[0].self_attn.q_proj.weight  # noqa: B018
+    weight = model.encoder.layers[0].self_attn.q_proj.weight
+    assert torch.equal(weight, plain.encoder.layers[0].self_attn.q_proj.weight)
+    remove_call = rf"remove_{'openvino' if runtime == 'openvino' else 'onnx_runtime'}\(model\)"
+    for write in (lambda: weight.mul_(2), lambda: weight.data.zero_(), lambda: weight.__setitem__(0, 1.0),
+                  lambda: torch.nn.init.normal_(weight), lambda: setattr(weight, "data", torch.zeros(1))):
+        with pytest.raises(RuntimeError, match=rf"Writing a weight .* is refused.*{remove_call}"):
+            write()
+    with pytest.raises(ValueError, match="read-only"):
+        weight.numpy()[0, 0] = 1.0
+    assert torch.equal(weight, plain.encoder.layers[0].self_attn.q_proj.weight)
     model.load_state_dict({name: tensor * 2 for name, tensor in plain.state_dict().items()})
     (remove_openvino if runtime == "openvino" else remove_onnx_runtime)(model)
     state = model.state_dict()
@@ -451,6 +537,34 @@ def test_save_and_reload_give_the_same_answers(pair, path, tmp_path):
         reloaded = path.reload(tmp_path)
     for got, want in zip(answer(reloaded, inputs), before):
         assert_close(got, want, dtype=path.rule)
+
+
+def test_save_pretrained_changes_nothing_an_engine_runs(pair, path, tmp_path):
+    """save_pretrained rewrites the config it saves (`dtype` torch.float32 -> "float32", `architectures`,
+    `auto_map`), and from_pretrained sets `_name_or_path`: no field a forward reads. So after it every engine runs
+    as before: none falls back to PyTorch (the fed engine once warned 'changed after use_onnx_runtime traced it
+    (config.dtype)' and ran PyTorch for good, 11.4 -> 15.7-17.6 ms a call) and none compiles again (the held ones
+    recompiled, 0.75-1.1 s)."""
+    reference, model = pair
+    requests = [batch((7, 3, 5)), batch((6, 6))]
+    for inputs in requests:
+        answer(model, inputs)
+    module = getattr(model, "_orig_mod", model)
+    engines = [forward for unit in module.modules() if isinstance(forward := vars(unit).get("forward"), Engine)]
+    compiled = [getattr(engine, "compiled", None) for engine in engines]
+    with warnings.catch_warnings(record=True) as said, torch.inference_mode():
+        warnings.simplefilter("always")
+        module.save_pretrained(tmp_path)
+        module.config.architectures, module.config.name_or_path = ["Renamed"], str(tmp_path)
+        for inputs in requests:
+            model(**inputs)
+    assert not [str(w.message) for w in said if "changed after" in str(w.message)]
+    assert all(now is then for now, then in zip([getattr(e, "compiled", None) for e in engines], compiled))
+    for engine in engines:
+        if hasattr(engine, "state"):  # fed: its weights still go to ONNX Runtime
+            assert engine.state is not None and engine.state[1] is not None
+    for inputs in requests:
+        assert_answers(path, model, reference, inputs)
 
 
 def test_a_plain_class_loads_what_the_path_saved(pair, path, tmp_path):

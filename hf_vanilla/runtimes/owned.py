@@ -116,6 +116,9 @@ class OwnedEncoder(Engine):
         # Traced and compiled before the body gives anything up: a failure leaves it whole.
         self._compile(self._graph())
         self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
+        self.trainable = any(parameter.requires_grad for parameter in unit.parameters())
+        self.held = {path: [*module._parameters, *module._buffers] for path, module in unit.named_modules()
+                     if module._parameters or module._buffers}
         for module in unit.modules():  # the body keeps its modules and code, no tensor
             if module._parameters or module._buffers:
                 module.extra_repr = functools.partial(held_repr, self)  # torch's own reads the weights
@@ -126,7 +129,21 @@ class OwnedEncoder(Engine):
         unit.forward = self
         unit.register_state_dict_post_hook(functools.partial(OwnedEncoder.save, self))  # torch marks the hook:
         unit.register_load_state_dict_pre_hook(functools.partial(OwnedEncoder.load, self))  # not a bound method
-        self.structure, self.code = structure_of(unit), class_code(unit)
+        self.code = class_code(unit)
+        self._expose()
+
+    def _expose(self) -> None:
+        """Each held tensor readable where the body kept it (`layer.weight`, `model.get_input_embeddings().weight`):
+        a `HeldTensor` view of the shadow's, which answers every read and refuses every write, naming the call that
+        gives the weights back. Shown anew whenever the shadow's tensors change; then what the per-call check
+        compares is taken again (the body's attributes now hold the new views)."""
+        own = dict(self.shadow.named_modules())
+        for path, names in self.held.items():
+            module, source = self.unit.get_submodule(path), own[path]
+            for name in names:
+                tensor = getattr(source, name)
+                vars(module)[name] = None if tensor is None else HeldTensor.of(tensor, self)
+        self.structure = structure_of(self.unit)
         self.watch = self._watch()
 
     def give_back(self) -> None:
@@ -139,6 +156,11 @@ class OwnedEncoder(Engine):
                         == (self,)]:
                 del hooks[key]
         unit._parameters.pop(self.marker, None)
+        for path, names in self.held.items():  # the views go first: the tensors take their names back
+            module = dict(unit.named_modules()).get(path)
+            for name in names if module is not None else ():
+                if isinstance(vars(module).get(name), HeldTensor | None):
+                    vars(module).pop(name, None)
         for path, module in unit.named_modules():
             source = own.get(path)
             if source is None or type(source) is not type(module) or module._parameters or module._buffers:
@@ -192,6 +214,13 @@ class OwnedEncoder(Engine):
     # ---- calls ------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
+        output = self._call(args, kwargs)
+        if torch.is_grad_enabled() and self.trainable:  # what PyTorch would differentiate, refused by name
+            output = _refuse_gradients(output, refusal(self, "Computing gradients of the encoder's weights",
+                                                       "train"))
+        return output
+
+    def _call(self, args: tuple, kwargs: dict):
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
         feeds = self._feeds(arguments)
         if feeds is None:
@@ -236,8 +265,9 @@ class OwnedEncoder(Engine):
         """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
         unit = self.unit
         if self.compiled is None:  # unpickled or deep-copied: compile from the shadow's tensors
-            self.code, self.watch = class_code(unit), self._watch()
+            self.code = class_code(unit)
             self._compile()
+            self._expose()
         if self.watch.unchanged():
             return
         if structure_of(unit) != self.structure or class_code(unit) != self.code:
@@ -245,22 +275,22 @@ class OwnedEncoder(Engine):
             self._take()
             return
         if any(module.training for module in unit.modules()):
-            raise RuntimeError(f"runtime={self.RUNTIME!r} runs inference only and holds the encoder's weights: call "
-                               f"model.eval(), or {self.REMOVE} to train.")
+            raise RuntimeError(refusal(self, "Training (model.train())", "call model.eval() to run inference"))
         if hooked(unit):
-            raise RuntimeError(f"Forward hooks are set inside an encoder whose weights runtime={self.RUNTIME!r} "
-                               f"holds, and its graph would not run them: call {self.REMOVE} first.")
+            raise RuntimeError(refusal(self, "A forward hook inside the encoder (its graph would not run it)"))
         marker = unit._parameters.get(self.marker)
-        follows = marker is not None and marker.device.type == "cpu" and marker.dtype in self.FOLLOWS
-        if not follows or (self.precision == "int8" and marker.dtype != torch.float32):
-            where = "lost its marker" if marker is None else f"moved to {marker.dtype} on {marker.device}"
-            raise RuntimeError(f"The model {where} after runtime={self.RUNTIME!r} took its encoder's weights, which "
-                               f"stay in the engine on the CPU at precision {self.precision!r}: call model.float() "
-                               f"to go on, or {self.REMOVE} first.")
+        if marker is None or marker.device.type != "cpu":
+            where = "Removing the model's weights" if marker is None else f"Moving the model to {marker.device}"
+            raise RuntimeError(refusal(self, where, "move the model (or call model.cpu() to go on here)"))
+        if marker.dtype not in self.FOLLOWS or (self.precision == "int8" and marker.dtype != torch.float32):
+            raise RuntimeError(refusal(self, f"Moving the model to {marker.dtype}, which the engine at precision "
+                                             f"{self.precision!r} does not compute in,",
+                                       "move it (or call model.float() to go on here)"))
         if marker.dtype != self.dtype:  # model.to(torch.bfloat16) or .float(): follow
             self.precision, self.dtype = self.FOLLOWS[marker.dtype], marker.dtype
             self.shadow.to(self.dtype)
             self._compile()
+            self._expose()
         self.watch = self._watch()
 
     def _feeds(self, arguments: dict):
@@ -294,7 +324,12 @@ class OwnedEncoder(Engine):
              error_msgs) -> None:
         """`load_state_dict()`'s hook on the body: the shadow's keys are taken out of `state_dict`, copied into the
         shadow as its new tensors (with or without `assign=`: the caller keeps its own), and the engine is compiled
-        from them."""
+        from them.
+
+        A load that fails (a tensor of the wrong shape: PyTorch's `load_state_dict` loads every other tensor, then
+        raises) is followed as PyTorch does it: the tensors that loaded are the shadow's, the engine is compiled from
+        them, and the mismatches are reported in PyTorch's own words by the same raise. Every path then answers the
+        model as PyTorch left it, never the old weights on one path and the new on another."""
         with self.lock:
             if structure_of(self.unit) != self.structure:  # a module replaced: its keys go to it, not the shadow
                 self.give_back()
@@ -302,15 +337,23 @@ class OwnedEncoder(Engine):
             own = self.shadow.state_dict()
             mine = {name[len(prefix):]: state_dict.pop(name).detach().clone() for name in list(state_dict)
                     if name.startswith(prefix) and name[len(prefix):] in own}  # copies: the caller keeps its tensors
-            # Assigned, not copied into: the memory the engine was compiled from (which it may read, not copy) is
-            # never written, and a call running on the old compilation meanwhile answers the old weights whole.
-            result = self.shadow.load_state_dict(mine, strict=False, assign=True)
-            missing_keys.extend(prefix + name for name in result.missing_keys)
+            misfits = {name: tensor for name, tensor in mine.items() if tensor.shape != own[name].shape}
+            error_msgs.extend(f"size mismatch for {prefix + name}: copying a param with shape {tensor.shape} from "
+                              f"checkpoint, the shape in current model is {own[name].shape}."
+                              for name, tensor in misfits.items())
+            try:
+                # Assigned, not copied into: the memory the engine was compiled from (which it may read, not copy) is
+                # never written, and a call running on the old compilation meanwhile answers the old weights whole.
+                result = self.shadow.load_state_dict({name: tensor for name, tensor in mine.items()
+                                                      if name not in misfits}, strict=False, assign=True)
+                missing_keys.extend(prefix + name for name in result.missing_keys if name not in misfits)
+            finally:  # whatever loaded, the engine computes it
+                self.shadow.requires_grad_(False).to(self.dtype)
+                self._compile()
+                self._expose()
             marker = module._parameters.get(self.marker)
             if marker is not None:  # not in any checkpoint: loaded as itself
                 state_dict[prefix + self.marker] = marker
-            self.shadow.requires_grad_(False).to(self.dtype)
-            self._compile()
 
     def __deepcopy__(self, memo):
         clone = object.__new__(type(self))
@@ -327,6 +370,102 @@ class OwnedEncoder(Engine):
     def __setstate__(self, state):
         vars(self).update(state)
         self.lock, self.local = threading.RLock(), threading.local()
+
+
+def refusal(engine: OwnedEncoder, attempted: str, then: str = "") -> str:
+    """The one shape of every refusal of an engine holding the weights: what was attempted, which engine holds them,
+    and the call that gives them back (then what to do)."""
+    return (f"{attempted} is refused: runtime={engine.RUNTIME!r} holds this encoder's weights, compiled into the "
+            f"engine. Call {engine.REMOVE} to give them back to the model{', then ' + then if then else ''}.")
+
+
+class HeldTensor(torch.Tensor):
+    """A weight an engine holds, as the body shows it (`layer.weight`): a view of the engine's own copy that answers
+    every read as the tensor does (what it computes is a plain tensor) and refuses every write (an in-place op, an
+    `out=`, `.data =`, `requires_grad_()`, a numpy view written), naming the call that gives the weights back. The
+    engine's compilation reads that memory, so a write that got through would change one path's answers and not the
+    other's. Never pickled or deep-copied: the engine shows its copy's views anew (`OwnedEncoder._expose`)."""
+
+    @staticmethod
+    def of(tensor: torch.Tensor, engine: OwnedEncoder) -> "HeldTensor":
+        view = tensor.detach().as_subclass(HeldTensor)
+        view.engine = engine
+        return view
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        # What an in-place call writes: its `out=`, else its first tensor (torch.nn.init passes it by keyword).
+        target = kwargs["out"] if "out" in kwargs else next(
+            (a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), None)
+        writes = "out" in kwargs or name in _WRITES or (name.endswith("_") and not name.startswith("_"))
+        held = next((a for a in [target, *args] if isinstance(a, HeldTensor)), None)
+        if writes and isinstance(target, HeldTensor) or (name == "requires_grad_" and held is not None):
+            raise RuntimeError(refusal(held.engine, f"Writing a weight ({name})", "edit the model"))
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        return _held_views(result, held)
+
+    def numpy(self, *args, **kwargs):
+        array = torch.Tensor.numpy(self.as_subclass(torch.Tensor), *args, **kwargs)
+        array.flags.writeable = False  # numpy's own refusal of a write: the memory is the engine's
+        return array
+
+    def __reduce_ex__(self, protocol):
+        return type(None), ()
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+# Tensor methods and attributes that write into a tensor besides the in-place ops (named with a trailing _).
+_WRITES = {"__setitem__", "__set__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+           "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
+
+
+def _held_views(result, held):
+    """`result` of an op on a held tensor: what shares its memory stays held (a view, `.data`, `.detach()`), the
+    rest is a plain tensor."""
+    if isinstance(result, (tuple, list)):
+        return type(result)(_held_views(item, held) for item in result)
+    if not isinstance(result, torch.Tensor) or held is None:
+        return result
+    if result.device.type != "meta" and result.untyped_storage().data_ptr() == held.untyped_storage().data_ptr():
+        return HeldTensor.of(result, held.engine)
+    return result.as_subclass(torch.Tensor) if isinstance(result, HeldTensor) else result
+
+
+class _NoGradient(torch.autograd.Function):
+    """The body's outputs as a node of the autograd graph whose backward refuses by name: in eager PyTorch they
+    would carry the encoder's gradients, which weights compiled into an engine cannot give (without it, backward()
+    fails on 'element 0 of tensors does not require grad', or trains the head alone while the user meant the
+    encoder too)."""
+
+    @staticmethod
+    def forward(ctx, message: str, anchor, *outputs):
+        ctx.message = message
+        return tuple(output.view_as(output) for output in outputs)
+
+    @staticmethod
+    def backward(ctx, *gradients):
+        raise RuntimeError(ctx.message)
+
+
+_ANCHOR = torch.zeros((), requires_grad=True)  # what puts `_NoGradient` into the graph; it never gets a gradient
+
+
+def _refuse_gradients(output, message: str):
+    """`output` (a ModelOutput or a tuple) with its floating-point tensors behind `_NoGradient`."""
+    keys = list(output.keys()) if isinstance(output, dict) else range(len(output))
+    keys = [key for key in keys if isinstance(output[key], torch.Tensor) and output[key].is_floating_point()]
+    refused = _NoGradient.apply(message, _ANCHOR, *(output[key] for key in keys))
+    if isinstance(output, dict):
+        for key, tensor in zip(keys, refused):
+            output[key] = tensor
+        return output
+    replaced = dict(zip(keys, refused))
+    return type(output)(replaced.get(index, item) for index, item in enumerate(output))
 
 
 def held_repr(engine: OwnedEncoder) -> str:
@@ -367,9 +506,43 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
         raise ValueError(f"{outside[0]} is shared with the encoder body that {call} would hold, and the two copies "
                          f"would part: run this model on runtime='onnxruntime' with its weights fed, or untie them.")
     cache = GraphCache(cache_dir)
+    for module in model.modules():  # before the engines take their snapshot of the bodies
+        if isinstance(module, PreTrainedModel):
+            vars(module).update(num_parameters=functools.partial(num_parameters, module),
+                                get_memory_footprint=functools.partial(memory_footprint, module))
     for unit in units:
         engine(unit, precision, threads or torch.get_num_threads(), cache, **options)
     return model
+
+
+def held_tensors(model, buffers: bool = False):
+    """(name, tensor, trainable) of every parameter (or buffer) of `model` as PyTorch would list them without the
+    engines: where an engine holds a body's, its copy's under the body's names, trainable as they will be when it
+    gives them back; the engines' empty markers left out."""
+    engines = {path: engine for path, module in model.named_modules()
+               if isinstance(engine := vars(module).get("forward"), OwnedEncoder)}
+    markers = {f"{path}.{engine.marker}" if path else engine.marker for path, engine in engines.items()}
+    for name, tensor in model.named_buffers() if buffers else model.named_parameters():
+        if name not in markers:
+            yield name, tensor, tensor.requires_grad
+    for path, engine in engines.items():
+        for name, tensor in engine.shadow.named_buffers() if buffers else engine.shadow.named_parameters():
+            yield f"{path}.{name}" if path else name, tensor, not buffers and name not in engine.frozen
+
+
+def num_parameters(model, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+    """transformers' `PreTrainedModel.num_parameters`, counting the weights the engines hold."""
+    embeddings = {f"{name}.weight" for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.Embedding)} if exclude_embeddings else set()
+    return sum(tensor.numel() for name, tensor, trainable in held_tensors(model)
+               if name not in embeddings and (trainable or not only_trainable))
+
+
+def memory_footprint(model, return_buffers: bool = True) -> int:
+    """transformers' `PreTrainedModel.get_memory_footprint`, counting the weights the engines hold (their own
+    copies; what a compilation lays out for its kernels besides is the engine's, not counted)."""
+    tensors = [*held_tensors(model), *(held_tensors(model, buffers=True) if return_buffers else ())]
+    return sum(tensor.nelement() * tensor.element_size() for _, tensor, _ in tensors)
 
 
 def _outside(model, units):

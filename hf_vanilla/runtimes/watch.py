@@ -104,6 +104,13 @@ _MODULE_BOOKKEEPING = {"_parameters", "_buffers", "_modules", "training", "_is_f
 # Config fields read on every call rather than traced (the engine checks them itself, or they choose among kernels
 # of the same function), and where the weights came from.
 _CONFIG_PER_CALL = {"output_hidden_states", "return_dict", "use_cache", *CONFIG_STORED_PER_CALL}
+# Config fields no forward of the body reads: what save_pretrained writes into the config it saves (the dtype, spelt
+# "float32" once saved where it was torch.float32; the architectures; the remote-code map; the version), and
+# generate()'s settings but the token ids (a position scheme may read the padding id). Counted as changes, a routine
+# save_pretrained sent runtime="onnxruntime" to PyTorch for good and made the engines that hold the weights compile
+# again. The weights' own dtype is watched apart, on the tensors.
+_CONFIG_NOT_COMPUTED = {"dtype", "torch_dtype", "architectures", "auto_map", "transformers_version", "_commit_hash",
+                        *(name for name in transformers.GenerationConfig().to_dict() if not name.endswith("token_id"))}
 
 
 def structure_of(unit) -> dict:
@@ -141,7 +148,8 @@ def _plain(value, configs: dict):
     if isinstance(value, transformers.PretrainedConfig):
         if id(value) not in configs:
             configs[id(value)] = {"class": _plain(type(value), configs), "fields": _plain(
-                {name: field for name, field in vars(value).items() if name not in _CONFIG_PER_CALL}, configs)}
+                {name: field for name, field in vars(value).items()
+                 if name not in _CONFIG_PER_CALL and name not in _CONFIG_NOT_COMPUTED}, configs)}
         return configs[id(value)]
     if isinstance(value, type) or inspect.isroutine(value):
         return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', value.__name__)}"
