@@ -25,6 +25,8 @@ the body, what they refuse and how, and their choice per request size. Each test
 import copy
 import importlib
 import os
+import re
+import warnings
 
 import pytest
 import torch
@@ -451,3 +453,133 @@ def test_openvino_shares_the_inputs_of_every_request_it_sends(graphs, engine_onl
                 model(**inputs)
         assert model.forward.static  # the dense shape's own compilation ran too
     assert len(shared) > 8 and all(shared)
+
+
+# ---- every public attribute and method of a held model: the plain model's answer, or a refusal by name ------------
+
+WEIGHT = "model.encoder.layers.0.ffn.up_proj.weight"
+# Public methods called with arguments (the rest take none): each on a held model and on the plain one.
+CALLED_WITH = {
+    "add_model_tags": lambda m: m.add_model_tags(["held"]),
+    "add_module": lambda m: m.add_module("extra", torch.nn.Identity()),
+    "register_module": lambda m: m.register_module("extra", torch.nn.Identity()),
+    "apply": lambda m: m.apply(lambda module: None),
+    "smart_apply": lambda m: m.smart_apply(lambda module, init: None, False),
+    "get_buffer": lambda m: m.get_buffer(WEIGHT),
+    "get_parameter": lambda m: m.get_parameter(WEIGHT),
+    "get_parameter_or_buffer": lambda m: m.get_parameter_or_buffer(WEIGHT),
+    "get_submodule": lambda m: m.get_submodule("model.encoder.layers.0.ffn.up_proj"),
+    "set_submodule": lambda m: m.set_submodule("model.pooler", _seeded(torch.nn.Linear, 32, 32)),
+    "load_state_dict": lambda m: m.load_state_dict({k: v * 1.1 for k, v in m.state_dict().items()}),
+    "register_buffer": lambda m: m.register_buffer("extra", torch.zeros(1)),
+    "register_parameter": lambda m: m.register_parameter("extra", torch.nn.Parameter(torch.zeros(1))),
+    **{name: (lambda name: lambda m: getattr(m, name)(lambda *args, **kwargs: None))(name) for name in (
+        "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "register_full_backward_pre_hook", "register_backward_hook", "register_load_state_dict_post_hook",
+        "register_load_state_dict_pre_hook", "register_state_dict_post_hook", "register_state_dict_pre_hook")},
+    "resize_token_embeddings": lambda m: m.resize_token_embeddings(104),
+    "resize_position_embeddings": lambda m: m.resize_position_embeddings(80),
+    "set_attn_implementation": lambda m: m.set_attn_implementation("eager"),
+    "get_correct_attn_implementation": lambda m: m.get_correct_attn_implementation("sdpa"),
+    "get_correct_experts_implementation": lambda m: m.get_correct_experts_implementation(None),
+    "set_experts_implementation": lambda m: m.set_experts_implementation("eager"),
+    "set_input_embeddings": lambda m: m.set_input_embeddings(_seeded(torch.nn.Embedding, 99, 32)),
+    "set_output_embeddings": lambda m: m.set_output_embeddings(_seeded(torch.nn.Linear, 32, 99)),
+    "set_decoder": lambda m: m.set_decoder(torch.nn.Identity()),
+    "set_encoder": lambda m: m.set_encoder(torch.nn.Identity()),
+    "set_extra_state": lambda m: m.set_extra_state({}),
+    "set_use_kernels": lambda m: m.set_use_kernels(False),
+    "to": lambda m: m.to(torch.float16),
+    "type": lambda m: m.type(torch.float64),
+    "retrieve_modules_from_names": lambda m: m.retrieve_modules_from_names(["model.pooler.weight"]),
+    "mark_tied_weights_as_initialized": lambda m: m.mark_tied_weights_as_initialized(None),
+    "get_compiled_call": lambda m: m.get_compiled_call(None),
+    "warn_if_padding_and_no_attention_mask": lambda m: m.warn_if_padding_and_no_attention_mask(
+        torch.ones(1, 4, dtype=torch.long), None),
+    "forward": lambda m: m.forward(**batch()),
+}
+# Public methods not called here, and why.
+NOT_CALLED = {
+    **dict.fromkeys(("push_to_hub", "save_pretrained", "from_pretrained", "save_distributed_checkpoint"),
+                    "files and the Hub: saving and loading a held model is in tests/test_conformance.py"),
+    **dict.fromkeys(("init_parallel_plans", "maybe_distribute_model", "prepare_distribute_model",
+                     "gather_sharded_state_dict_for_save", "barrier_after_gathered_checkpoint_save",
+                     "should_save_on_this_rank", "get_init_context"),
+                    "tensor-parallel and distributed loading: a process group, never a held CPU model"),
+    **dict.fromkeys(("load_adapter", "add_adapter", "set_adapter", "delete_adapter", "enable_adapters",
+                     "disable_adapters", "active_adapters", "get_adapter_state_dict", "enable_peft_hotswap"),
+                    "PEFT adapters: the peft package (not a test dependency); an adapter replaces modules, a change "
+                    "the conformance battery holds every path to"),
+    "to_empty": "leaves uninitialised memory: no answer to compare",
+    "compile": "torch.compile of the whole model: the conformance battery's 'compiled' row",
+    "loss_function": "the loss of outputs and labels, no state of the model",
+}
+
+
+def _seeded(cls, *shape):
+    torch.manual_seed(3)
+    return cls(*shape)
+
+
+def _outcome_of(call, model):
+    """(what `call(model)` returned, or the exception it raised; the model's answer after it, or its exception)."""
+    try:
+        returned = call(model)
+    except Exception as error:  # noqa: BLE001  (whatever it raises is the finding)
+        returned = error
+    try:
+        with torch.inference_mode():
+            answered = model(**batch()).logits
+    except Exception as error:  # noqa: BLE001
+        answered = error
+    return returned, answered
+
+
+def _assert_same(got, want, where: str):
+    """`got` (the held model's) as `want` (the plain one's), where both are plain values or tensors; other objects
+    (modules, generators, bound methods) are the same kind of thing."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), where
+        assert_close(got.float(), want.float(), dtype=want.dtype if want.is_floating_point() else None, msg=where)
+    elif isinstance(want, dict) and all(isinstance(value, torch.Tensor) for value in want.values()):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            _assert_same(got[key], want[key], f"{where}[{key}]")
+    elif want is None or isinstance(want, (bool, int, float, str, torch.dtype, torch.device)):
+        assert got == want, f"{where}: {got!r} != {want!r}"
+    else:
+        assert isinstance(got, type(want)) or isinstance(want, type(got)), f"{where}: {got!r} / {want!r}"
+
+
+def test_every_public_attribute_and_method_answers_or_refuses_by_name(held, graphs, engine_only):
+    """What a user or a library asks of a model whose body an engine holds: each public attribute reads as the
+    plain model's, and each public method either does what it does to the plain model (its return value and the
+    model's answers after it the same) or refuses, there or at the next call, naming the engine and the call that
+    gives the weights back. A method transformers or torch adds must be listed here (called with arguments, or not
+    called, and why)."""
+    _, name = remove(held)
+    torch.manual_seed(0)
+    plain = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    public = sorted(attribute for attribute in dir(plain) if not attribute.startswith("_"))
+    methods = [attribute for attribute in public if callable(getattr(type(plain), attribute, None))
+               and not isinstance(getattr(type(plain), attribute), type)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # is_gradient_checkpointing: deprecated in transformers 5
+        for attribute in set(public) - set(methods):
+            _assert_same(getattr(model, attribute), getattr(plain, attribute), attribute)
+    for method in methods:
+        if method in NOT_CALLED:
+            continue
+        call = CALLED_WITH.get(method, lambda m, method=method: getattr(m, method)())
+        ours, theirs = copy.deepcopy(model), copy.deepcopy(plain)
+        (returned, answered), (returned_plain, answered_plain) = _outcome_of(call, ours), _outcome_of(call, theirs)
+        for got, want, when in ((returned, returned_plain, "returned"), (answered, answered_plain, "answer after")):
+            where = f"{method}(): {when}"
+            if isinstance(got, Exception) and not isinstance(want, Exception):
+                assert re.search(rf"is refused: runtime='{held}' holds .*{name}\(model\)", str(got)), \
+                    f"{where}: {got!r}"
+            elif isinstance(want, Exception):
+                assert isinstance(got, Exception), f"{where}: {got!r} where the plain model raised {want!r}"
+            else:
+                _assert_same(got, want, where)

@@ -10,17 +10,21 @@ and int8 products need weights quantized once. A compiled copy can only be trust
 weights, and nothing short of reading every weight tells a `.data` or numpy write from no write. So the engine
 takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`), and the
 body the user holds keeps its modules, config and code but no tensor (`model.parameters()` has none of them;
-`layer.weight` is an AttributeError). Every change then comes through a door the engine keeps:
+`layer.weight` reads the shadow's through a `HeldTensor` view, which refuses every write by name), while what a
+user or a library asks of a model to inspect it answers from the shadow (`num_parameters`, `get_memory_footprint`;
+`model.dtype` and `model.device` from the marker). Every change then comes through a door the engine keeps:
 - `state_dict()` / `save_pretrained` write the shadow's tensors (copies) under the body's names, so any class
-  loads the checkpoint whole; `load_state_dict` (also `assign=True`) loads into the shadow and recompiles;
+  loads the checkpoint whole; `load_state_dict` (also `assign=True`) loads into the shadow and recompiles, also when
+  it fails half-way (as PyTorch leaves the model: what loaded is computed, on every path);
 - a module replaced or added, a method patched on a class, a config value changed (the body compared with what was
   compiled on every call, `hf_vanilla.runtimes.watch`): the tensors go back into the body, and it is traced and
   compiled again (seconds), with the new modules' own tensors;
 - `model.to(dtype)` to a dtype the engine computes in (`FOLLOWS`: OpenVINO float32 and bfloat16): the engine
   follows (the shadow moves, the engine recompiles at that precision); to another dtype or device, it refuses,
   naming the call that gives the weights back (`REMOVE`);
-- training (`model.train()`) and forward hooks inside the body, which the graph would not run, are refused, naming
-  that call, which gives the tensors back to the body.
+- training (`model.train()`, or gradients asked of the body's weights through its outputs), a write into a held
+  weight, and forward hooks inside the body, which the graph would not run, are refused (`refusal`: what was
+  attempted, which engine holds the weights, the call that gives them back).
 
 What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
 no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
@@ -142,7 +146,7 @@ class OwnedEncoder(Engine):
             module, source = self.unit.get_submodule(path), own[path]
             for name in names:
                 tensor = getattr(source, name)
-                vars(module)[name] = None if tensor is None else HeldTensor.of(tensor, self)
+                vars(module)[name] = None if tensor is None else HeldTensor.of(tensor, self, where=(path, name))
         self.structure = structure_of(self.unit)
         self.watch = self._watch()
 
@@ -264,15 +268,23 @@ class OwnedEncoder(Engine):
     def _follow(self) -> None:
         """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
         unit = self.unit
-        if self.compiled is None:  # unpickled or deep-copied: compile from the shadow's tensors
+        fresh = self.compiled is None
+        if fresh:  # unpickled or deep-copied: compile from the shadow's tensors, then check the model as it is now
             self.code = class_code(unit)
             self._compile()
             self._expose()
-        if self.watch.unchanged():
+        elif self.watch.unchanged():
             return
         if structure_of(unit) != self.structure or class_code(unit) != self.code:
             self.give_back()  # a module replaced, a class patched, a config value changed: compile it anew
-            self._take()
+            try:
+                self._take()
+            except Exception:
+                # The body as changed cannot be traced (a module that fails, as PyTorch's own call would): it keeps
+                # its tensors, and the engine stays in front, trying again at every call, so that the repaired
+                # model is held and compiled again rather than left on PyTorch unsaid.
+                self.unit.forward = self
+                raise
             return
         if any(module.training for module in unit.modules()):
             raise RuntimeError(refusal(self, "Training (model.train())", "call model.eval() to run inference"))
@@ -387,9 +399,12 @@ class HeldTensor(torch.Tensor):
     other's. Never pickled or deep-copied: the engine shows its copy's views anew (`OwnedEncoder._expose`)."""
 
     @staticmethod
-    def of(tensor: torch.Tensor, engine: OwnedEncoder) -> "HeldTensor":
+    def of(tensor: torch.Tensor, engine: OwnedEncoder, parameter: bool | None = None, where=None) -> "HeldTensor":
+        """A view of `tensor` (the shadow's), refusing writes in the name of `engine`; `where`: (module path, name)
+        of the held weight it shows, None for a view of a view."""
         view = tensor.detach().as_subclass(HeldTensor)
-        view.engine = engine
+        view.engine, view.where = engine, where
+        view.parameter = isinstance(tensor, torch.nn.Parameter) if parameter is None else parameter
         return view
 
     @classmethod
@@ -413,10 +428,15 @@ class HeldTensor(torch.Tensor):
         return array
 
     def __reduce_ex__(self, protocol):
-        return type(None), ()
+        return type(None), ()  # the unpickled engine shows its copy's views at its first call
 
     def __deepcopy__(self, memo):
-        return None
+        """The same weight of the copied engine's copy (a view of a view: a plain copy)."""
+        if self.where is None:
+            return self.as_subclass(torch.Tensor).clone()
+        engine = copy.deepcopy(self.engine, memo)
+        path, name = self.where
+        return HeldTensor.of(getattr(engine.shadow.get_submodule(path), name), engine, self.parameter, self.where)
 
 
 # Tensor methods and attributes that write into a tensor besides the in-place ops (named with a trailing _).
@@ -432,7 +452,7 @@ def _held_views(result, held):
     if not isinstance(result, torch.Tensor) or held is None:
         return result
     if result.device.type != "meta" and result.untyped_storage().data_ptr() == held.untyped_storage().data_ptr():
-        return HeldTensor.of(result, held.engine)
+        return HeldTensor.of(result, held.engine, held.parameter)
     return result.as_subclass(torch.Tensor) if isinstance(result, HeldTensor) else result
 
 
@@ -510,6 +530,10 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
         if isinstance(module, PreTrainedModel):
             vars(module).update(num_parameters=functools.partial(num_parameters, module),
                                 get_memory_footprint=functools.partial(memory_footprint, module))
+            vars(module).update({name: functools.partial(_or_held, getattr(type(module), name), kinds, module)
+                                 for name, kinds in (("get_parameter", {True}), ("get_buffer", {False}),
+                                                     ("get_parameter_or_buffer", {True, False}))
+                                 if hasattr(type(module), name)})
     for unit in units:
         engine(unit, precision, threads or torch.get_num_threads(), cache, **options)
     return model
@@ -536,6 +560,20 @@ def num_parameters(model, only_trainable: bool = False, exclude_embeddings: bool
                   if isinstance(module, torch.nn.Embedding)} if exclude_embeddings else set()
     return sum(tensor.numel() for name, tensor, trainable in held_tensors(model)
                if name not in embeddings and (trainable or not only_trainable))
+
+
+def _or_held(lookup, kinds: set, model, target: str):
+    """`lookup(model, target)` (nn.Module's `get_parameter`, `get_buffer`, transformers' `get_parameter_or_buffer`),
+    answering the name of a held weight of the kind it looks for (`kinds`: whether a parameter) with its view
+    (`HeldTensor`), where torch finds no Parameter or buffer there."""
+    try:
+        return lookup(model, target)
+    except AttributeError:
+        path, _, name = target.rpartition(".")
+        view = vars(model.get_submodule(path)).get(name)
+        if isinstance(view, HeldTensor) and view.parameter in kinds:
+            return view
+        raise
 
 
 def memory_footprint(model, return_buffers: bool = True) -> int:
