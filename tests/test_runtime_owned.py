@@ -109,7 +109,7 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
     ("encoder-decoder", r"no vanilla encoder body.*runtime='onnxruntime'"),
     ("training", r"model\.eval\(\)"),
     ("float16", r"float32 or bfloat16 model on the CPU.*model\.float\(\)\.cpu\(\)"),
-    ("precision", r"precision='fp8' is not one of \[.*'f32', 'int8'\]"),
+    ("precision", r"precision='fp8' is not accepted; it takes one of \[.*'f32', 'int8'\]"),
     ("quantize_int8", r"takes a float32 model, and encoder\.layers\.0\..* is int8 \(quantize_int8\).*"
                       r"precision='int8'"),
 ])
@@ -417,7 +417,7 @@ def test_openvino_compiles_a_short_dense_shape_of_its_own_and_drops_it_with_the_
     check(none, plain, short, times=3)
     assert none.forward.static == {}
     for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match=rf"static_shapes={bad!r} must be a whole number"):
+        with pytest.raises(ValueError, match=rf"static_shapes={bad!r} is not accepted; it takes a whole number"):
             use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=bad)
 
 

@@ -14,6 +14,7 @@ changes it follows or refuses; engine.py what OpenVINO adds). Measured on each C
 """
 
 from ..attached import take_off
+from ..options import checked
 from ..owned import hold
 from .engine import STATIC_SHAPES, OpenVinoEncoder
 
@@ -28,9 +29,7 @@ def use_openvino(model, precision: str = "f32", threads: int | None = None, cach
     STATIC_TOKENS (128) tokens may get a compilation of their own, each at the second request of that shape (faster on
     short requests, at the memory of the projections' weights again each: engine.py); 0, none. Calling it again
     compiles the model as it is."""
-    if isinstance(static_shapes, bool) or not isinstance(static_shapes, int) or static_shapes < 0:
-        raise ValueError(f"use_openvino: static_shapes={static_shapes!r} must be a whole number of request shapes, "
-                         f"0 or more (0: every request runs on the compilation for any shape).")
+    checked("use_openvino", precision, OpenVinoEncoder.PRECISIONS, threads, cache_dir, static_shapes=static_shapes)
     return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino", static_shapes=static_shapes)
 
 
