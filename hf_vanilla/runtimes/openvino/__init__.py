@@ -16,13 +16,13 @@ changes it follows or refuses; engine.py what OpenVINO adds). Measured on each C
 from ..attached import take_off
 from ..options import checked
 from ..owned import hold
-from .engine import STATIC_SHAPES, OpenVinoEncoder
+from .engine import STATIC_SHAPES, OpenVinoEncoder, runs_bf16
 
 
 def use_openvino(model, precision: str = "f32", threads: int | None = None, cache_dir=None,
                  static_shapes: int = STATIC_SHAPES):
     """Run each encoder body of `model` (a vanilla model, in eval mode, float32 or bfloat16 on the CPU) on OpenVINO at
-    `precision` ("f32", "bf16" or "int8": what OpenVINO computes in; the weights keep the model's dtype, but float32
+    `precision` ("f32", "bf16" where `runs_bf16()`, or "int8": what OpenVINO computes in; the weights keep the model's dtype, but float32
     for "f32" and "int8"), the weights held by the engine, and return `model`. `threads`: OpenVINO's (default
     torch's `get_num_threads()`). `cache_dir`: where traced graphs are kept (the ONNX Runtime engine's cache:
     $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx). `static_shapes`: how many request shapes of at most
@@ -39,4 +39,4 @@ def remove_openvino(model):
     return take_off(model, OpenVinoEncoder)
 
 
-__all__ = ["remove_openvino", "use_openvino"]
+__all__ = ["remove_openvino", "runs_bf16", "use_openvino"]
