@@ -500,6 +500,21 @@ def test_half_precision_is_verified_as_saved(tmp_path, capsys, converter):
     assert "  OK: " in printed.out  # float32 parity held: the conversion is right, its float16 copy is not
 
 
+def test_outputs_that_overflow_are_reported_as_nan_not_as_a_difference_of_zero(tmp_path, source, capsys):
+    """A feed-forward block that computes past float32's (and bfloat16's) range gives Inf on both sides, whose
+    difference is NaN: the refusal says nan where it said "max |diff| 0.0e+00" (Python's max(0.0, nan) is 0.0)."""
+    def overflow(tensors):
+        tensors[BERT_FFN[0]][0] = 3e38  # finite in float32 and bfloat16
+        tensors[BERT_FFN[1]][:, 0] = 10.0  # 3e39 in every output: Inf, and NaN after the LayerNorm
+
+    edit_tensors(source, overflow)
+    output = tmp_path / "out"
+    printed = assert_refused(capsys, output, r"Parity check failed: max \|diff\| against BertForMaskedLM: hidden "
+                                             r"states \(every layer\) nan, logits nan \(",
+                             "bert", "--source", source, "--output", output, "--dtype", "bfloat16")
+    assert "0.0e+00" not in printed.err
+
+
 def test_weights_that_overflow_the_saved_dtype_are_refused(tmp_path, source, capsys):
     """A bias of 1e6 is Inf in float16: refused whether or not parity is checked; bfloat16 keeps float32's range."""
     def poison(tensors):

@@ -32,6 +32,7 @@ Imports torch alone (transformers only inside `reference_model`), so that anythi
 its comparisons to the same rule.
 """
 
+import math
 from pathlib import Path
 
 import torch
@@ -124,8 +125,14 @@ def check(name: str, expected, actual, mask: torch.Tensor | None, dtype: torch.d
         within = diff <= tolerance(ref, dtype)
         label = f"{name} {'embeddings' if i == 0 else f'layer {i}':>10}" if layered else name
         print(f"  {label}: max |diff| = {diff:.3e}{'' if within else '  > tolerance'}")
-        ok, worst = ok and within, max(worst, diff)
+        ok, worst = ok and within, worse(worst, diff)
     return ok, worst
+
+
+def worse(a: float, b: float) -> float:
+    """The larger of two max |diff|, NaN where either is (Python's max(0.0, nan) is 0.0: an overflow to Inf on
+    both sides, whose difference is NaN, was reported as a max |diff| of 0)."""
+    return a if math.isnan(a) or a >= b else b
 
 
 def compare_generation(reference, model, inputs: dict, max_new_tokens: int = 10, num_beams: int = 4):
