@@ -351,6 +351,19 @@ def test_tokenizer_smaller_than_embeddings_noted(tmp_path, source, capsys):
     assert "Note: the tokenizer has 90 tokens for 99 embedding rows; the last 9 rows" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("damaged", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_truncated_tokenizer_file_is_refused_naming_it(tmp_path, source, capsys, damaged):
+    """A tokenizer JSON file cut short (a download that stopped) was copied into the output with only a note that
+    the tokenizer could not be loaded: the converted model's tokenizer then failed too. Refused, naming the file."""
+    save_tokenizer(source, TINY["vocab_size"])
+    path = source / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"{re.escape(str(path))} is not valid JSON \(.*\): it is damaged, perhaps cut "
+                                   rf"short .*Fetch it again .*or remove it from {re.escape(str(source))}",
+                   "bert", "--source", source, "--output", output)
+
+
 def test_real_tokenizer_matching_its_embeddings_converts_silently(tmp_path, minilm_path, capsys):
     assert main(["bert", "--source", str(minilm_path), "--output", str(tmp_path / "out"), "--no-verify"]) == 0
     assert "Note" not in capsys.readouterr().out  # all-MiniLM-L6-v2: 30522 tokens for 30522 rows
