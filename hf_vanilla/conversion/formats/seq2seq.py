@@ -17,7 +17,7 @@ from ..errors import ConversionError
 from ..io.reading import check_generation_settings, load_tensors, read_generation_config, read_json
 from ..io.writing import TOKENIZER_FILES, copy_side_files
 from ..mapping import check_layer_counts, map_tensors
-from ..parity import PRECISION_NAMES, check, compare_generation, reference_model, rule, worse
+from ..parity import PRECISION_NAMES, check, compare_generation, reference_model, reference_side, rule, worse
 from .fairseq import fairseq_layer_counts
 
 
@@ -298,7 +298,8 @@ def verify_seq2seq(reference, model, decoder_inputs: bool = True, generation: bo
             batch["input_ids"]) * batch["attention_mask"]
     model.eval()
     with torch.no_grad():
-        ref_out = reference(**inputs, output_hidden_states=True)
+        with reference_side(reference):
+            ref_out = reference(**inputs, output_hidden_states=True)
         our_out = model(**inputs, output_hidden_states=True)
     ok, worst = True, 0.0
     for name, label in OUTPUTS.items():
