@@ -16,7 +16,8 @@ and the exactly-once checks stay in one process. What comes back is small: 1.5 k
 Faults. Ray Data starts its actors with max_restarts=-1 and max_task_retries=-1: a worker that dies is started
 again and the block it held is embedded again. The driver places each row once (a row arriving twice is an error,
 never a second copy) and `write_index` checks at the end that every sentence is in exactly one shard. A driver that
-dies takes its job's workers with it; the same command then embeds only the shards not on disk.
+dies takes its job's workers with it, and the local Ray it started, if it started one (`fate_share_local_ray`); the
+same command then embeds only the shards not on disk.
 """
 
 import dataclasses
@@ -57,6 +58,7 @@ def connect(args) -> Pool:
         check_answers(args.ray_address)
     # ignore_reinit_error: main() run again in one process (a notebook, a test) uses the Ray it joined before
     context = ray.init(address=args.ray_address, ignore_reinit_error=True)
+    fate_share_local_ray()
     address = context.address_info["gcs_address"]
     resources = ray.cluster_resources()
     cpus, gpus = resources.get("CPU", 0), int(resources.get("GPU", 0))
@@ -73,6 +75,42 @@ def connect(args) -> Pool:
                            f"cluster at {address} has {has} now: pass --workers {fits} or fewer, or add nodes")
     nodes = sum(node["Alive"] for node in ray.nodes())
     return Pool(address, nodes, workers, threads, gpu)
+
+
+# The watcher `fate_share_local_ray` starts: it reads its stdin, the driver's end of a pipe, until the driver is gone
+# (EOF, however it ended), then kills each process (pid, start time) it was given that is still that process.
+REAPER = """
+import sys, psutil
+sys.stdin.read()
+for pid, started in zip(*[iter(map(float, sys.argv[1:]))] * 2):
+    try:
+        process = psutil.Process(int(pid))
+        if process.create_time() == started:
+            process.kill()
+    except psutil.Error:
+        pass
+"""
+
+
+def fate_share_local_ray():
+    """Where ray.init() started a local Ray (its processes are this driver's descendants), make every one of them end
+    with the driver, SIGKILLed or not. Ray ends its GCS and raylet with the driver (they die with their parent), but
+    the raylet's DashboardAgent and RuntimeEnvAgent, seeing it gone, first report its death to the GCS, which is gone
+    too, and wait a minute for that (Ray 2.60's publish_error_to_driver, 60 s) before they exit. A small watcher,
+    in a session of its own, kills them as soon as the driver is gone; on a clean exit (ray.shutdown) it finds none
+    left. Joining a cluster (--ray-address, or one Ray found), the driver started nothing: no watcher."""
+    import subprocess
+
+    import psutil  # a dependency of Ray's
+
+    started = [(process.pid, process.create_time()) for process in psutil.Process().children(recursive=True)]
+    if started and not _WATCHERS:  # one watcher: main() run again in this process joins the Ray it started
+        _WATCHERS.append(subprocess.Popen([sys.executable, "-c", REAPER, *map(repr, sum(started, ()))],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+
+
+_WATCHERS = []  # held, so that the pipe to the watcher stays open while this process lives
 
 
 def check_answers(address: str):

@@ -21,11 +21,19 @@ CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__
 
 def one_cache(cache, past_key_values):
     """The key/value cache passed under either name: `cache` (what 5.24+'s `generate` passes) or `past_key_values`
-    (what it passed before, and what callers written for those versions pass)."""
+    (what it passed before, and what callers written for those versions pass). A tuple of per-layer tensors, the
+    legacy cache of transformers 4, is refused naming the Cache to wrap it in (transformers 5's own models fail on
+    it with "'tuple' object has no attribute 'get_seq_length'")."""
     if cache is not None and past_key_values is not None and cache is not past_key_values:
         raise ValueError("Got two key/value caches, cache= and past_key_values=: pass one (cache= on transformers "
                          "5.24 and later, past_key_values= before).")
-    return past_key_values if cache is None else cache
+    name, given = ("past_key_values", past_key_values) if cache is None else ("cache", cache)
+    if isinstance(given, (tuple, list)):
+        raise ValueError(f"{name} is a {type(given).__name__} of per-layer tensors, the legacy cache format, which "
+                         f"transformers 5 models no longer take: pass transformers.DynamicCache({name}) (a decoder's "
+                         f"(key, value) per layer) or EncoderDecoderCache({name}) (an encoder-decoder's (key, value, "
+                         f"cross-attention key, value) per layer), or let generate() build the cache.")
+    return given
 
 
 def cache_field(cache) -> dict:

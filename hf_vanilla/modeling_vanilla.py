@@ -37,7 +37,7 @@ from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
     check_choices, check_eos_tokens, check_labels, check_sequence_labels, check_span_positions, check_target,
-    check_token_labels,
+    check_token_labels, refuse_non_tensors,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -74,6 +74,10 @@ class VanillaPreTrainedModel(PreTrainedModel):
         small models."""
         model = super().from_pretrained(*args, **kwargs)
         return model if runtime is None else apply_runtime(model, runtime, **(runtime_options or {}))
+
+    def __call__(self, *args, **kwargs):
+        refuse_non_tensors(type(self).forward, args, kwargs)  # before a head or an engine reads them (validation.py)
+        return super().__call__(*args, **kwargs)
 
     def __init__(self, config, *inputs, **kwargs):
         # A config may be inconsistent while it is filled in field by field (as BertConfig allows); a model needs a

@@ -13,6 +13,7 @@ of the code), the built-in names give an error that says so.
 """
 
 import importlib
+import inspect
 
 _ONNX_EXTRA = 'pip install "hf_vanilla[onnx]"'
 
@@ -48,4 +49,18 @@ def apply_runtime(model, name: str, **options):
         # The engine's own module is missing: this model's code came from its checkpoint (trust_remote_code).
         raise ImportError(f"runtime={name!r} comes with the {module_name.split('.')[0]} package, which is not "
                           f"installed here: {install}.") from error
-    return getattr(module, function)(model, **options)
+    apply = getattr(module, function)
+    _refuse_unknown(name, apply, options)
+    return apply(model, **options)
+
+
+def _refuse_unknown(name: str, apply, options: dict) -> None:
+    """A runtime_options key that the engine's function does not take, refused naming those it does (Python's own
+    TypeError names only the wrong one, and the function, not the runtime)."""
+    parameters = list(inspect.signature(apply).parameters.values())[1:]  # after the model
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return
+    accepted = [parameter.name for parameter in parameters if parameter.kind is not parameter.VAR_POSITIONAL]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"runtime={name!r} takes no option {unknown[0]!r}: runtime_options takes {accepted}.")

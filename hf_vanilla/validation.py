@@ -12,7 +12,15 @@ number of classes; what a head needs of its input (multiple choice's (batch, cho
 end-of-sequence tokens the encoder-decoder's classifier reads) and the encoder-decoder's target, before its encoder
 runs. Shapes and dtypes are always checked; values cost one min/max reduction per tensor and are skipped while
 tracing, where a graph must not depend on them.
+
+Inputs that are not tensors (a numpy array, a Python list) are refused by name at the model's door
+(`refuse_non_tensors`, called by every vanilla model's `__call__`), before a head or an engine touches them: so the
+plain model, torch.compile and every engine (hf_vanilla/runtimes/) give one answer, where each used to fail on its
+own first attribute (`is_meta`, `dim`, `dtype`). They are refused, not converted, as transformers' own models take
+tensors only (BertModel fails on `.size()` of a numpy array).
 """
+
+import inspect
 
 import torch
 
@@ -21,6 +29,24 @@ from .masks import check_mask_shape, check_mask_values
 
 IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
 ID_DTYPES = (torch.int64, torch.int32)
+# A forward's arguments that must be tensors when given (encoder_outputs and caches may be tuples).
+TENSOR_INPUTS = frozenset({
+    "input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "decoder_input_ids",
+    "decoder_attention_mask", "decoder_inputs_embeds", "labels", "next_sentence_label", "start_positions",
+    "end_positions",
+})
+
+
+def refuse_non_tensors(forward, args: tuple, kwargs: dict) -> None:
+    """Refuse a TENSOR_INPUTS argument of a call to `forward` (the model class's, whose first parameter is `self`)
+    that is given but is not a torch tensor, naming it and the fix. `args` are matched to its parameters by place."""
+    given = [*zip(inspect.unwrap(forward).__code__.co_varnames[1:1 + len(args)], args), *kwargs.items()]
+    for name, value in given:
+        if name in TENSOR_INPUTS and value is not None and not isinstance(value, torch.Tensor):
+            kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
+                f"{type(value).__module__}.{type(value).__qualname__}"
+            raise ValueError(f"{name} is a {kind}, and the model takes torch tensors: pass torch.as_tensor({name}), "
+                             f"or tokenize with return_tensors=\"pt\".")
 
 
 def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask,

@@ -351,6 +351,19 @@ def test_tokenizer_smaller_than_embeddings_noted(tmp_path, source, capsys):
     assert "Note: the tokenizer has 90 tokens for 99 embedding rows; the last 9 rows" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("damaged", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_truncated_tokenizer_file_is_refused_naming_it(tmp_path, source, capsys, damaged):
+    """A tokenizer JSON file cut short (a download that stopped) was copied into the output with only a note that
+    the tokenizer could not be loaded: the converted model's tokenizer then failed too. Refused, naming the file."""
+    save_tokenizer(source, TINY["vocab_size"])
+    path = source / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    output = tmp_path / "out"
+    assert_refused(capsys, output, rf"{re.escape(str(path))} is not valid JSON \(.*\): it is damaged, perhaps cut "
+                                   rf"short .*Fetch it again .*or remove it from {re.escape(str(source))}",
+                   "bert", "--source", source, "--output", output)
+
+
 def test_real_tokenizer_matching_its_embeddings_converts_silently(tmp_path, minilm_path, capsys):
     assert main(["bert", "--source", str(minilm_path), "--output", str(tmp_path / "out"), "--no-verify"]) == 0
     assert "Note" not in capsys.readouterr().out  # all-MiniLM-L6-v2: 30522 tokens for 30522 rows
@@ -498,6 +511,21 @@ def test_half_precision_is_verified_as_saved(tmp_path, capsys, converter):
     printed = assert_refused(capsys, output, r"Parity check failed: .*\(fp16, .*Nothing was written",
                              *argv, "--output", output)
     assert "  OK: " in printed.out  # float32 parity held: the conversion is right, its float16 copy is not
+
+
+def test_outputs_that_overflow_are_reported_as_nan_not_as_a_difference_of_zero(tmp_path, source, capsys):
+    """A feed-forward block that computes past float32's (and bfloat16's) range gives Inf on both sides, whose
+    difference is NaN: the refusal says nan where it said "max |diff| 0.0e+00" (Python's max(0.0, nan) is 0.0)."""
+    def overflow(tensors):
+        tensors[BERT_FFN[0]][0] = 3e38  # finite in float32 and bfloat16
+        tensors[BERT_FFN[1]][:, 0] = 10.0  # 3e39 in every output: Inf, and NaN after the LayerNorm
+
+    edit_tensors(source, overflow)
+    output = tmp_path / "out"
+    printed = assert_refused(capsys, output, r"Parity check failed: max \|diff\| against BertForMaskedLM: hidden "
+                                             r"states \(every layer\) nan, logits nan \(",
+                             "bert", "--source", source, "--output", output, "--dtype", "bfloat16")
+    assert "0.0e+00" not in printed.err
 
 
 def test_weights_that_overflow_the_saved_dtype_are_refused(tmp_path, source, capsys):

@@ -34,10 +34,10 @@ CASES = {  # BART class -> (our Auto class, our class)
 OUTPUTS = ("last_hidden_state", "logits", "start_logits", "end_logits", "encoder_last_hidden_state")
 
 
-def tiny_bart(directory, class_name):
+def tiny_bart(directory, class_name, **more):
     fields = dict(vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                   decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=24, max_position_embeddings=32,
-                  num_labels=3)
+                  num_labels=3) | more
     if class_name == "BartForCausalLM":
         fields |= dict(is_decoder=True, is_encoder_decoder=False)
     torch.manual_seed(0)
@@ -95,6 +95,22 @@ def test_pre_ln_bart_variants_are_refused(tmp_path, capsys):
     config.write_text(config.read_text().replace('"d_model"', '"normalize_before": true, "d_model"'))
     assert main(["bart", "--source", str(tmp_path / "bart"), "--output", str(tmp_path / "vanilla")]) == 2
     assert "mBART" in capsys.readouterr().err and not (tmp_path / "vanilla").exists()
+
+
+def test_a_bart_decoder_whose_encoder_layers_differ_is_refused_as_transformers_failure(tmp_path, capsys):
+    """BartForCausalLM sizes its cache from num_hidden_layers, which BartConfig reads from encoder_layers: with
+    encoder_layers=1 and decoder_layers=2 transformers' own model fails (IndexError) while verification runs it. The
+    refusal says the reference failed, why, and the fix, where it said "a bug in the converter"; the fix converts."""
+    source = tiny_bart(tmp_path / "bart", "BartForCausalLM", encoder_layers=1)
+    assert main(["bart", "--source", str(source), "--output", str(tmp_path / "vanilla")]) == 2
+    err = capsys.readouterr().err
+    assert "transformers' own BartForCausalLM, the reference the conversion is verified against, failed" in err
+    assert "(IndexError: " in err and "bug in the converter" not in err
+    assert "num_hidden_layers=1 layers (encoder_layers" in err and "decoder_layers=2" in err
+    assert "set encoder_layers to 2 in the source's config.json" in err and not (tmp_path / "vanilla").exists()
+    config = source / "config.json"
+    config.write_text(config.read_text().replace('"encoder_layers": 1', '"encoder_layers": 2'))
+    assert main(["bart", "--source", str(source), "--output", str(tmp_path / "vanilla")]) == 0
 
 
 def test_to_bart_never_replaces_its_source(tmp_path, capsys):

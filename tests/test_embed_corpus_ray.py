@@ -1,11 +1,12 @@
 """examples/embed_corpus.py --engine ray: a pool of Ray actors gives the one-process torch engine's embeddings, line
 for line, in the same folder; a worker SIGKILLed in the middle of its batch is restarted by Ray and nothing is lost
 or repeated; a driver SIGKILLed in mid-write resumes, embedding only what is missing, and refuses to resume with
-another model or corpus; Parquet and JSON lines columns give the text file's embeddings.
+another model or corpus, and takes the local Ray it started down with it; Parquet and JSON lines columns give the
+text file's embeddings.
 
 The corpus is 90 sentences of gensim's Lee corpus (real English news) and 3 blank lines, the model the converted
-all-MiniLM-L6-v2. Ray starts twice in this module: once in the first test, as the script's own local Ray (no
---ray-address), and once for the others, as a cluster of two nodes on this machine (ray.cluster_utils.Cluster, one
+all-MiniLM-L6-v2. Ray starts three times in this module: in each of the first two tests, as the script's own local
+Ray (no --ray-address), and once for the others, as a cluster of two nodes on this machine (ray.cluster_utils.Cluster, one
 CPU each), which the script's driver joins with --ray-address: with --workers 2 each worker runs on its own node,
 as on two machines. The drivers are subprocesses, so that one can be SIGKILLed.
 """
@@ -14,6 +15,8 @@ import json
 import re
 import shutil
 import tempfile
+import time
+from pathlib import Path
 
 import numpy
 import pytest
@@ -104,6 +107,37 @@ def test_without_an_address_a_local_ray_embeds_a_jsonl_column_as_one_process(cor
     assert re.search(r"\(Ray at \S+, 1 node\(s\)\)", result.stdout), result.stdout
     assert re.search(r"embedded 90 sentences in [\d.]+ s \([\d.]+ sentences/s\) on 2 Ray worker", result.stdout)
     assert_complete(output, one_process)
+
+
+def ray_processes(ray_tmp: str) -> list[str]:
+    """The processes started with RAY_TMPDIR=`ray_tmp` (a Ray's, the driver's and its watcher), by pid and name."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"RAY_TMPDIR={ray_tmp}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(f"{environ.parent.name} {(environ.parent / 'comm').read_text().strip()}")
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    return found
+
+
+def test_a_driver_killed_on_the_local_ray_it_started_takes_that_ray_with_it(corpus, tmp_path):
+    """No --ray-address: the driver starts a local Ray, and SIGKILLs itself in mid-write. Every process of that Ray
+    is gone within seconds: the raylet's DashboardAgent and RuntimeEnvAgent stayed a minute (waiting to report the
+    raylet's death to the dead GCS) where nothing ended them."""
+    model, path, _, _ = corpus
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    try:
+        killed = embed(model, path, tmp_path / "embeddings", "--engine", "ray", "--workers", "1", check=False,
+                       env={"RAY_ADDRESS": "", "RAY_TMPDIR": ray_tmp, "EMBED_CORPUS_KILL_AFTER_SHARDS": "2"})
+        assert killed.returncode != 0 and "Started a local Ray instance" in killed.stderr, killed.stderr[-3000:]
+        deadline, left = time.monotonic() + 15, ray_processes(ray_tmp)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = ray_processes(ray_tmp)
+        assert not left, f"left running after the driver died: {left}"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_the_torch_engine_reads_a_parquet_column_as_the_text_file(corpus, one_process, tmp_path):

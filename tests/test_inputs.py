@@ -550,6 +550,39 @@ def test_inputs_of_the_wrong_kind_are_refused():
     assert classifier(input_ids=source).logits.shape == (B, 3)
 
 
+def test_a_legacy_tuple_cache_is_refused_naming_the_cache_that_takes_it():
+    """A cache as transformers 4 returned it, a tuple of per-layer tensors, failed inside the stack with "'tuple' object
+    has no attribute 'get_seq_length'" (as transformers 5's own models do): refused under either name, naming the
+    Cache to wrap it in, which then gives the answer the Cache object gave."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    from hf_vanilla.compat import CACHE_FIELD
+    from hf_vanilla.modeling_vanilla import VanillaDecoderForCausalLM
+
+    generator = seq2seq()
+    decoder = VanillaDecoderForCausalLM(generator.config).eval()
+    source, prefix, step = ids(), ids(length=3), ids(length=1)
+    for model, legacy_of, wrap, inputs in [
+        (generator, lambda cache: tuple((self.keys, self.values, cross.keys, cross.values) for self, cross in
+                                        zip(cache.self_attention_cache.layers, cache.cross_attention_cache.layers)),
+         EncoderDecoderCache, {"input_ids": source}),
+        (decoder, lambda cache: tuple((layer.keys, layer.values) for layer in cache.layers), DynamicCache, {}),
+    ]:
+        def run(tokens, **cache):
+            key = "decoder_input_ids" if model is generator else "input_ids"
+            return model(**inputs, **{key: tokens}, use_cache=True, **cache)
+
+        with torch.no_grad():
+            legacy = legacy_of(getattr(run(prefix), CACHE_FIELD))
+            for name in ("past_key_values", "cache"):
+                with pytest.raises(ValueError, match=rf"^{name} is a tuple of per-layer tensors, the legacy cache "
+                                                     rf"format, .*transformers\.DynamicCache\({name}\).*"
+                                                     rf"EncoderDecoderCache\({name}\)"):
+                    run(step, **{name: legacy})
+            full = torch.cat([prefix, step], dim=1)
+            assert_close(run(step, past_key_values=wrap(legacy)).logits[:, -1], run(full).logits[:, -1])
+
+
 @pytest.mark.numerics
 def test_pooled_heads_read_a_left_padded_row_as_transformers_bert_does():
     """Position 0 of a left-padded row is padding. transformers' BERT pools what its layers computed there, and so

@@ -8,7 +8,8 @@ the body, what they refuse and how, and their choice per request size. Each test
 - refused at attach with a one-line error naming the fix: a masked LM whose decoder is tied to the body's word
   embeddings, an encoder-decoder, a model in training mode, a float16 model, an unknown precision; and int8 asked of
   ONNX Runtime fed its weights;
-- refused at attach with the fix named: a precision OpenVINO has no kernel for on this machine;
+- refused at attach with the fix named: a precision OpenVINO has no kernel for on this machine, and bf16 where it
+  would compute float32 (a CPU without bf16 products, scripted);
 - refused at the call, naming the engine's remove_* call: training, a forward hook inside the body; that call gives
   the weights back and the model trains again;
 - one engine at a time: another attached to a held model takes it over, the weights given back first;
@@ -111,7 +112,7 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
     ("encoder-decoder", r"no vanilla encoder body.*runtime='onnxruntime'"),
     ("training", r"model\.eval\(\)"),
     ("float16", r"float32 or bfloat16 model on the CPU.*model\.float\(\)\.cpu\(\)"),
-    ("precision", r"precision='fp8' is not one of \[.*'f32', 'int8'\]"),
+    ("precision", r"precision='fp8' is not accepted; it takes one of \[.*'f32', 'int8'\]"),
     ("quantize_int8", r"takes a float32 model, and encoder\.layers\.0\..* is int8 \(quantize_int8\).*"
                       r"precision='int8'"),
 ])
@@ -330,13 +331,48 @@ def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatc
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
 
 
+def test_bf16_on_a_cpu_without_bf16_products_is_refused_not_run_in_float32(graphs, monkeypatch):
+    """OpenVINO's CPU plugin, asked for bf16 on a CPU that does not multiply bf16 (AVX2 only), keeps float32 and says
+    so only in the compiled model's INFERENCE_PRECISION_HINT: use_openvino and a later model.to(torch.bfloat16)
+    (at the next call) refuse, naming precision='f32', and the model keeps its weights. The plugin is scripted as on such a CPU: its
+    capabilities without BF16, and a bf16 hint compiled as float32 (what it does there)."""
+    openvino = pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra")
+    from hf_vanilla.runtimes.openvino import runs_bf16, use_openvino
+
+    class AVX2Plugin(openvino.Core):
+        def get_property(self, device, name):
+            found = super().get_property(device, name)
+            return [c for c in found if c != "BF16"] if name == "OPTIMIZATION_CAPABILITIES" else found
+
+        def compile_model(self, model, device, config):
+            return super().compile_model(model, device, {**config, "INFERENCE_PRECISION_HINT": "f32"})
+
+    model = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    held = use_openvino(copy.deepcopy(model), cache_dir=graphs)  # float32, before the plugin is scripted
+    monkeypatch.setattr(openvino, "Core", AVX2Plugin)
+    assert not runs_bf16()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    refusal = (r"^OpenVINO would run precision 'bf16' in f32 on this CPU: .* lists \[(?!.*BF16).*\]: hold a "
+               r"float32 model \(model\.float\(\)\) at precision='f32', what it would compute, or 'int8' "
+               r"\(hf_vanilla\.runtimes\.openvino\.runs_bf16\(\) tells beforehand\)\.$")
+    with pytest.raises(ValueError, match=refusal):
+        use_openvino(model, precision="bf16", cache_dir=graphs)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    held.to(torch.bfloat16)  # followed at the next call
+    with pytest.raises(ValueError, match=refusal), torch.inference_mode():
+        held(**batch())
+
+
 def test_openvino_bf16_computes_in_bf16_from_the_models_own_weights(graphs, engine_only):
     """precision="bf16" is what OpenVINO computes in, not what the weights become: a float32 model keeps (and
     saves) its float32 weights and answers in float32 within bfloat16's rule of float32; a bfloat16 model stays
     bfloat16, and a later model.to(torch.bfloat16) moves the weights too."""
     pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
-    from hf_vanilla.runtimes.openvino import use_openvino
+    from hf_vanilla.runtimes.openvino import runs_bf16, use_openvino
 
+    if not runs_bf16():
+        pytest.skip("this CPU does not multiply bf16, and OpenVINO refuses precision='bf16' here (tested above)")
     if os.environ.get("ONEDNN_MAX_CPU_ISA"):
         pytest.skip("under ONEDNN_MAX_CPU_ISA OpenVINO's plugin has no bf16 kernel for the CPU it believes it is on "
                     "(tests/test_conformance.py says why)")
@@ -346,6 +382,7 @@ def test_openvino_bf16_computes_in_bf16_from_the_models_own_weights(graphs, engi
     with torch.inference_mode():
         want = plain(**inputs).last_hidden_state
     model = use_openvino(copy.deepcopy(plain), precision="bf16", cache_dir=graphs)
+    assert model.forward.compiled.get_property("INFERENCE_PRECISION_HINT").to_string() == "bf16"  # OpenVINO's word
     saved = model.state_dict()
     assert model.dtype == torch.float32
     assert all(torch.equal(saved[name], tensor) for name, tensor in plain.state_dict().items())
@@ -419,7 +456,7 @@ def test_openvino_compiles_a_short_dense_shape_of_its_own_and_drops_it_with_the_
     check(none, plain, short, times=3)
     assert none.forward.static == {}
     for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match=rf"static_shapes={bad!r} must be a whole number"):
+        with pytest.raises(ValueError, match=rf"static_shapes={bad!r} is not accepted; it takes a whole number"):
             use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=bad)
 
 

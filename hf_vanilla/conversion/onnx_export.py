@@ -30,7 +30,7 @@ from .io.output import atomic_output
 from .io.reading import load_tensors, read_config, read_generation_config, require_model_type, resolve_source
 from .io.writing import TOKENIZER_FILES, copy_side_files
 from .mapping import check_layer_counts, vanilla_layer_counts
-from .parity import check, require_parity, rule, verification_batch
+from .parity import check, require_parity, rule, verification_batch, worse
 
 # Which class exports as which task is declared once, in hf_vanilla/heads.py (`export_task`): class name -> task.
 ARCHITECTURE_TASKS = export_tasks()
@@ -99,7 +99,7 @@ def verify_encoder(model, path: Path, input_names: list[str], output_names: tupl
         if tuple(out.shape) != tuple(ref.shape):
             raise ConversionError(f"ONNX output {name} has shape {tuple(out.shape)}, PyTorch {tuple(ref.shape)}.")
         within, diff = check(f"{name} {tuple(out.shape)}", ref, out, batch["attention_mask"], torch.float32)
-        ok, worst = ok and within, max(worst, diff)
+        ok, worst = ok and within, worse(worst, diff)
     require_parity(ok, _summary(worst, "padded batch"))
 
 

@@ -32,6 +32,8 @@ Imports torch alone (transformers only inside `reference_model`), so that anythi
 its comparisons to the same rule.
 """
 
+import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -124,8 +126,36 @@ def check(name: str, expected, actual, mask: torch.Tensor | None, dtype: torch.d
         within = diff <= tolerance(ref, dtype)
         label = f"{name} {'embeddings' if i == 0 else f'layer {i}':>10}" if layered else name
         print(f"  {label}: max |diff| = {diff:.3e}{'' if within else '  > tolerance'}")
-        ok, worst = ok and within, max(worst, diff)
+        ok, worst = ok and within, worse(worst, diff)
     return ok, worst
+
+
+def worse(a: float, b: float) -> float:
+    """The larger of two max |diff|, NaN where either is (Python's max(0.0, nan) is 0.0: an overflow to Inf on
+    both sides, whose difference is NaN, was reported as a max |diff| of 0)."""
+    return a if math.isnan(a) or a >= b else b
+
+
+@contextmanager
+def reference_side(reference):
+    """An error raised inside transformers' `reference` model while verifying, refused as the reference's (the source
+    checkpoint as transformers itself runs it, before ours is compared), with the cause where it is known, rather
+    than reported as a bug in the converter."""
+    try:
+        yield
+    except Exception as error:
+        config, cause = reference.config, ""
+        decoder_layers = getattr(config, "decoder_layers", None)
+        if not config.is_encoder_decoder and decoder_layers not in (None, config.num_hidden_layers):
+            # BartForCausalLM: a decoder alone, whose cache transformers sizes from num_hidden_layers, which BartConfig
+            # reads from encoder_layers (of an encoder it does not have).
+            cause = (f" Its key/value cache has num_hidden_layers={config.num_hidden_layers} layers (encoder_layers, "
+                     f"of an encoder this model does not have) and its decoder decoder_layers={decoder_layers}: set "
+                     f"encoder_layers to {decoder_layers} in the source's config.json (it changes nothing else), or "
+                     f"convert with --no-verify.")
+        raise ConversionError(f"transformers' own {type(reference).__name__}, the reference the conversion is verified "
+                              f"against, failed on the source checkpoint ({type(error).__name__}: {error}), before "
+                              f"ours was compared; nothing was written.{cause}") from error
 
 
 def compare_generation(reference, model, inputs: dict, max_new_tokens: int = 10, num_beams: int = 4):
@@ -135,7 +165,8 @@ def compare_generation(reference, model, inputs: dict, max_new_tokens: int = 10,
     for name, options in (("greedy", {"num_beams": 1}), (f"beam search ({num_beams} beams)", {"num_beams": num_beams})):
         kwargs = dict(inputs, max_new_tokens=max_new_tokens, do_sample=False, **options)
         with torch.no_grad():
-            expected = reference.generate(**kwargs)
+            with reference_side(reference):
+                expected = reference.generate(**kwargs)
             ours = model.generate(**kwargs)
         same = expected.shape == ours.shape and torch.equal(expected, ours)
         print(f"  generate, {name}: {'identical' if same else 'DIFFERENT'} token sequences "

@@ -14,6 +14,7 @@ What they share, a room per job (both need the onnx extra: they run the graph `h
 
     attached.py       what every engine is (in front of a module's forward, able to give it back), and taking
                       engines off: one engine at a time
+    options.py        the engines' options (precision, threads, cache_dir, ...), checked in one place
     owned.py          how an engine holds the weights it compiled: taken at attach, saved and loaded through its
                       doors, each change followed or refused
     choice.py         which answers a request size, the engine or PyTorch, measured in the process

@@ -17,7 +17,7 @@ from ..errors import ConversionError
 from ..io.reading import check_generation_settings, load_tensors, read_generation_config, read_json
 from ..io.writing import TOKENIZER_FILES, copy_side_files
 from ..mapping import check_layer_counts, map_tensors
-from ..parity import PRECISION_NAMES, check, compare_generation, reference_model, rule
+from ..parity import PRECISION_NAMES, check, compare_generation, reference_model, reference_side, rule, worse
 from .fairseq import fairseq_layer_counts
 
 
@@ -298,7 +298,8 @@ def verify_seq2seq(reference, model, decoder_inputs: bool = True, generation: bo
             batch["input_ids"]) * batch["attention_mask"]
     model.eval()
     with torch.no_grad():
-        ref_out = reference(**inputs, output_hidden_states=True)
+        with reference_side(reference):
+            ref_out = reference(**inputs, output_hidden_states=True)
         our_out = model(**inputs, output_hidden_states=True)
     ok, worst = True, 0.0
     for name, label in OUTPUTS.items():
@@ -308,7 +309,7 @@ def verify_seq2seq(reference, model, decoder_inputs: bool = True, generation: bo
         # Decoder states line up with the target, which for the heads that read the shifted source is that source.
         mask = batch["attention_mask"] if name == "encoder_hidden_states" else target_mask
         within, diff = check(label, ref, ours, mask, model.dtype)
-        ok, worst = ok and within, max(worst, diff)
+        ok, worst = ok and within, worse(worst, diff)
     summary = (f"max |diff| {worst:.1e} over every hidden state and output ({PRECISION_NAMES[model.dtype]}, padded "
                f"batch, {rule(model.dtype)})")
     if not generation or model.dtype != torch.float32:

@@ -1,6 +1,7 @@
 """Reading a source checkpoint without running its code: find it (a folder, or a Hub id to download), read its
 config (refused unless its model_type is one the converter reads) and its tensors (safetensors, or a pickle through
-`torch.load(weights_only=True)`; sharded or not; NaN and Inf refused), and check its tokenizer against the embeddings.
+`torch.load(weights_only=True)`; sharded or not; NaN and Inf refused), and check its tokenizer (its JSON files
+parse; its size against the embeddings).
 
 Every converter, in both directions, and the ONNX export read their sources here (writing.py writes the outputs).
 """
@@ -15,6 +16,9 @@ from ..errors import ConversionError
 
 # The tokenizer files that hold a vocabulary: a source with none of these has no tokenizer to check.
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+# The tokenizer files that are JSON, which the converters copy into the output as they are (writing.TOKENIZER_FILES).
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "vocab.json", "target_vocab.json")
 
 
 def resolve_source(source: str) -> Path:
@@ -305,7 +309,17 @@ def check_tokenizer(source_dir: Path, vocab_size: int) -> None:
 
     A tokenizer with more tokens (added tokens included: `len(tokenizer)`) would produce ids past the table, an index
     error at run time: refused. One with fewer is common and harmless (tables padded to a round size, unused rows):
-    a note. A source without a tokenizer has nothing to check."""
+    a note. A source without a tokenizer has nothing to check. A tokenizer JSON file that does not parse (a download
+    that stopped part-way) is refused, naming it: it would be copied into the output as it is, and the converted
+    model's tokenizer would fail to load."""
+    for name in TOKENIZER_JSON_FILES:
+        path = source_dir / name
+        try:
+            json.loads(path.read_bytes()) if path.is_file() else None
+        except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8
+            raise ConversionError(f"{path} is not valid JSON ({error}): it is damaged, perhaps cut short by a "
+                                  f"download or copy that stopped part-way. Fetch it again from where the model came "
+                                  f"from, or remove it from {source_dir} to convert without it.") from None
     if not any((source_dir / name).is_file() for name in VOCABULARY_FILES):
         return
     try:

@@ -28,6 +28,7 @@ from ..attached import refuse_quantized, take_off
 from ..batches import length_groups
 from ..cache import GraphCache
 from ..choice import runtime_choices
+from ..options import checked
 from ..owned import hold
 from .engine import OnnxEncoder
 from .owned import OwnedOnnxEncoder
@@ -40,6 +41,7 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: b
     both engines use what the process was given). `owned=True`: ONNX Runtime holds the weights of each BERT-style
     body (a float32 model in eval mode, its weights untied from any head), at `precision` "f32" or "int8".
     Calling it again traces the model as it is now: exported once per architecture, cheap otherwise."""
+    checked("use_onnx_runtime", precision, OwnedOnnxEncoder.PRECISIONS, threads, cache_dir, owned=owned)
     if owned:  # hold() makes every check of its own
         return hold(model, OwnedOnnxEncoder, precision, threads, cache_dir, "use_onnx_runtime(owned=True)")
     refuse_quantized(model, "use_onnx_runtime")

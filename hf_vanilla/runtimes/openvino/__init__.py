@@ -14,23 +14,22 @@ changes it follows or refuses; engine.py what OpenVINO adds). Measured on each C
 """
 
 from ..attached import take_off
+from ..options import checked
 from ..owned import hold
-from .engine import STATIC_SHAPES, OpenVinoEncoder
+from .engine import STATIC_SHAPES, OpenVinoEncoder, runs_bf16
 
 
 def use_openvino(model, precision: str = "f32", threads: int | None = None, cache_dir=None,
                  static_shapes: int = STATIC_SHAPES):
     """Run each encoder body of `model` (a vanilla model, in eval mode, float32 or bfloat16 on the CPU) on OpenVINO at
-    `precision` ("f32", "bf16" or "int8": what OpenVINO computes in; the weights keep the model's dtype, but float32
+    `precision` ("f32", "bf16" where `runs_bf16()`, or "int8": what OpenVINO computes in; the weights keep the model's dtype, but float32
     for "f32" and "int8"), the weights held by the engine, and return `model`. `threads`: OpenVINO's (default
     torch's `get_num_threads()`). `cache_dir`: where traced graphs are kept (the ONNX Runtime engine's cache:
     $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx). `static_shapes`: how many request shapes of at most
     STATIC_TOKENS (128) tokens may get a compilation of their own, each at the second request of that shape (faster on
     short requests, at the memory of the projections' weights again each: engine.py); 0, none. Calling it again
     compiles the model as it is."""
-    if isinstance(static_shapes, bool) or not isinstance(static_shapes, int) or static_shapes < 0:
-        raise ValueError(f"use_openvino: static_shapes={static_shapes!r} must be a whole number of request shapes, "
-                         f"0 or more (0: every request runs on the compilation for any shape).")
+    checked("use_openvino", precision, OpenVinoEncoder.PRECISIONS, threads, cache_dir, static_shapes=static_shapes)
     return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino", static_shapes=static_shapes)
 
 
@@ -40,4 +39,4 @@ def remove_openvino(model):
     return take_off(model, OpenVinoEncoder)
 
 
-__all__ = ["remove_openvino", "use_openvino"]
+__all__ = ["remove_openvino", "runs_bf16", "use_openvino"]

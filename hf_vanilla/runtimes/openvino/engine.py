@@ -18,7 +18,8 @@ every recompilation (`_compile`), never pickled.
 Precisions. "f32"; "bf16" (OpenVINO computes in bfloat16, as it does by default on a CPU with bf16 products, from
 the weights as the model holds them: a float32 model's stay float32 in the shadow, which saves them and runs
 PyTorch's path in float32, and OpenVINO computes what its own default does on the same graph; a bfloat16 model's, or
-one moved by `model.to(torch.bfloat16)`, stay bfloat16 throughout); "int8" (each projection's weight as int8 per
+one moved by `model.to(torch.bfloat16)`, stay bfloat16 throughout; refused, naming "f32", on a CPU without bf16
+products, where OpenVINO would quietly compute float32: `refuse_another_precision`); "int8" (each projection's weight as int8 per
 output row with a float32 scale, OpenVINO's compressed-weight products; embeddings, norms and biases float32; the
 shadow keeps and saves the float32 weights, and PyTorch's path runs them in float32).
 
@@ -79,6 +80,7 @@ class OpenVinoEncoder(OwnedEncoder):
                    f"its kernels by the CPU it finds") if capped else ""
             raise ValueError(f"OpenVINO cannot run precision {precision!r} on this machine ({said}): use "
                              f"precision='f32'{why}.") from error
+        refuse_another_precision(compiled, precision)
         return compiled
 
     def _compile(self, checked=None) -> None:
@@ -134,6 +136,27 @@ class OpenVinoEncoder(OwnedEncoder):
 
     def __getstate__(self):
         return dict(super().__getstate__(), static={}, seen={})
+
+
+def runs_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin computes bf16 on this CPU (BF16 among its OPTIMIZATION_CAPABILITIES): what
+    use_openvino(precision="bf16") needs."""
+    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def refuse_another_precision(compiled, precision: str) -> None:
+    """Refuse a compilation that computes in another precision than `precision`, as OpenVINO reports it. Asked for
+    bf16, OpenVINO's CPU plugin computes bf16 only where the CPU multiplies it (AVX-512 BF16, AMX, AVX2-VNNI-2), and
+    elsewhere (an AVX2-only CPU) quietly keeps float32: the user would get neither bf16's numbers nor its speed, and
+    no word. What it runs is the compiled model's INFERENCE_PRECISION_HINT, which the plugin sets to what it computes;
+    OPTIMIZATION_CAPABILITIES (BF16 among them or not, `runs_bf16`) says why."""
+    ran = compiled.get_property("INFERENCE_PRECISION_HINT")
+    if precision == "bf16" and ran != openvino.Type.bf16:
+        capabilities = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        raise ValueError(f"OpenVINO would run precision 'bf16' in {ran.to_string()} on this CPU: its CPU plugin "
+                         f"computes bf16 only where the CPU multiplies bf16, and lists {capabilities}: hold a "
+                         f"float32 model (model.float()) at precision='f32', what it would compute, or 'int8' "
+                         f"(hf_vanilla.runtimes.openvino.runs_bf16() tells beforehand).")
 
 
 def compile_graph(graph: bytes, tensors: dict, precision: str, threads: int, shape: tuple | None = None):
