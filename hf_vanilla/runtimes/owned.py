@@ -396,7 +396,8 @@ class HeldTensor(torch.Tensor):
     every read as the tensor does (what it computes is a plain tensor) and refuses every write (an in-place op, an
     `out=`, `.data =`, `requires_grad_()`, a numpy view written), naming the call that gives the weights back. The
     engine's compilation reads that memory, so a write that got through would change one path's answers and not the
-    other's. Never pickled or deep-copied: the engine shows its copy's views anew (`OwnedEncoder._expose`)."""
+    other's. A deep copy is the copied engine's own view; a pickle holds none (the unpickled engine shows its copy's
+    views at its first call, `OwnedEncoder._expose`)."""
 
     @staticmethod
     def of(tensor: torch.Tensor, engine: OwnedEncoder, parameter: bool | None = None, where=None) -> "HeldTensor":
