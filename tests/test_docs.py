@@ -122,3 +122,30 @@ def test_the_check_finds_a_broken_name(tmp_path):
     assert broken_names(text, page, root=tmp_path) == [
         "hf_vanilla/runtimes/onnxruntime.py", "missing.md", "hf_vanilla.conversion.convert_all",
         "flow.no_such_step"]
+
+
+def test_the_performance_charts_show_the_tables_of_the_page(tmp_path):
+    """benchmarks/charts.py draws each kept run (benchmarks/results/*.json) as PNGs, and the float32 figures it
+    draws are the ones docs/performance.md's table gives for that run, engine by engine."""
+    import json
+    import runpy
+
+    charts = runpy.run_path(str(REPOSITORY / "benchmarks" / "charts.py"))
+    runs = sorted((REPOSITORY / "benchmarks" / "results").glob("*.json"))
+    assert runs
+    charts["main"](["--results", *map(str, runs), "--output", str(tmp_path)])
+    page = (REPOSITORY / "docs" / "performance.md").read_text()
+    names = {'runtime="onnxruntime"': '`runtime="onnxruntime"`', "onnxruntime, owned": "the same, `owned=True`",
+             'runtime="openvino"': '`runtime="openvino"`'}  # a run's engine -> the page's column
+    header = re.search(r"^\| case \| hf_vanilla \| `runtime=\"onnxruntime\"` .*$", page, flags=re.M).group(0)
+    columns = [cell.strip() for cell in header.strip("|").split("|")][1:]
+    for run in runs:
+        for chart in ("speedup", "precision"):
+            assert (tmp_path / f"{run.stem}-{chart}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        figures = json.loads(run.read_text())["float32"]
+        for case, engines in figures.items():
+            row = re.search(rf"^\| {re.escape(case)} \|(.*)$", page, flags=re.M).group(1)
+            cells = [cell.strip().replace("*", "") for cell in row.strip("|").split("|")]
+            shown = dict(zip(columns, cells))
+            for engine, (idle, back) in engines.items():
+                assert shown[names.get(engine, engine)] == f"{idle:.2f} / {back:.2f}", (case, engine)
