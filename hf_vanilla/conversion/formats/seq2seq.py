@@ -177,8 +177,10 @@ class Seq2SeqFormat:
         return model
 
     def compare_written(self, vanilla, written, head: str) -> tuple[bool, str]:
+        """The written model against the vanilla source, which is the reference (read in float32): by the rule of
+        the dtype written, as the encoders' `compare_written` does (a bfloat16 model goes back in bfloat16)."""
         spec = self.heads[head]
-        return verify_seq2seq(written, vanilla, decoder_inputs=spec.decoder_inputs, generation=spec.generates)
+        return verify_seq2seq(vanilla, written, decoder_inputs=spec.decoder_inputs, generation=spec.generates)
 
 
 # ---- generation settings and the tokenizer --------------------------------------------------------------------
