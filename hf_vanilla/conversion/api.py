@@ -104,8 +104,8 @@ def deprecated(old: str, name: str, parameters: tuple):
     new = f"hf_vanilla.conversion.{'to_transformers' if back else 'convert'}({name.removeprefix('to-')!r}, ...)"
 
     def call(source, output, *args, **kwargs):
-        warnings.warn(f"{old} is deprecated; call {new} instead (docs/quickstart.md).", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(f"{old} is deprecated; call {new} instead (README.md, 'Converting weights').",
+                      DeprecationWarning, stacklevel=2)
         if len(args) > len(parameters):
             raise TypeError(f"{old}() takes at most {2 + len(parameters)} positional arguments")
         kwargs = dict(zip(parameters, args)) | kwargs
