@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_vanilla.conversion.cli import build_parser, main
+from hf_vanilla.conversion.cli import main
 from hf_vanilla.conversion.commands import CONVERSIONS
 from hf_vanilla.conversion.formats import bert, distilbert, electra, roberta
 
