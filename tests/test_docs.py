@@ -9,7 +9,6 @@ Renaming a file or a function without its docs then fails here, with every broke
 
 import importlib
 import importlib.util
-import pkgutil
 import re
 from functools import cache
 from pathlib import Path
@@ -31,7 +30,9 @@ DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 @cache
 def modules() -> dict[str, list[str]]:
     """A module's last name (and its dotted tails: `conversion.flow`) -> the full names of hf_vanilla's modules."""
-    names = ["hf_vanilla"] + [m.name for m in pkgutil.walk_packages(hf_vanilla.__path__, "hf_vanilla.")]
+    package = Path(hf_vanilla.__file__).parent  # read from the files: importing every module would take seconds
+    names = [".".join(("hf_vanilla", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+             for path in sorted(package.rglob("*.py"))]
     short = {}
     for name in names:
         parts = name.split(".")
