@@ -2,11 +2,12 @@
 
 pyproject.toml declares a range for torch (`torch>=X`) and for transformers (`transformers>=Y,<6`). The main test
 run checks the newest releases; tests/oldest_transformers.py and tests/oldest_torch.py check the lower bounds, with
-what this module gives them: a bound as pyproject.toml writes it, and `run_in_new_environment`, which makes a
-virtual environment in a temporary folder, installs into it, runs pytest there once per selection of tests, and
-removes it. A run fails if a test fails, or if a selection runs no test.
+what this module gives them: a bound as pyproject.toml writes it, their one `main` (`oldest_main`), and
+`run_in_new_environment`, which makes a virtual environment in a temporary folder, installs into it, runs pytest
+there once per selection of tests, and removes it. A run fails if a test fails, or if a selection runs no test.
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -59,6 +60,19 @@ def parse_arguments(parser, argv=None):
     if "--" not in argv:
         return parser.parse_args(argv), []
     return parser.parse_args(argv[:argv.index("--")]), argv[argv.index("--") + 1:]
+
+
+def oldest_main(package: str, description: str, oldest_allowed, plan, argv=None) -> int:
+    """The command line of tests/oldest_<package>.py: `--<package> VERSION` (default `oldest_allowed()`, the lower
+    bound pyproject.toml declares) and pytest arguments after `--`; `plan(version)` gives the installs and the
+    selections of tests that `run_in_new_environment` runs."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    parser.add_argument(f"--{package}", metavar="VERSION", default=None,
+                        help=f"the {package} version to test (default: the lower bound in pyproject.toml)")
+    args, pytest_args = parse_arguments(parser, argv)
+    version = getattr(args, package) or oldest_allowed()
+    installs, selections = plan(version)
+    return run_in_new_environment(f"{package} {version}", installs, selections, pytest_args)
 
 
 def check(command: list, **kwargs) -> None:

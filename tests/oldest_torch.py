@@ -20,10 +20,9 @@ rest are the newest that pip resolves beside that torch. From PyPI on Linux x86-
 5 GB installed; a minute or two here). Exit status 1 if a test fails, or if a selection runs no test.
 """
 
-import argparse
 import sys
 
-from declared_range import ROOT, dependencies, lower_bound, parse_arguments, run_in_new_environment
+from declared_range import ROOT, dependencies, lower_bound, oldest_main
 
 # One pytest run each: pytest selects by marker or by file, not by the union of the two.
 SELECTIONS = [["-m", "generation or parity"],
@@ -35,17 +34,16 @@ def oldest_allowed() -> str:
     return lower_bound("torch", "torch>=X")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--torch", metavar="VERSION", default=None,
-                        help="the torch release to test (default: the lower bound in pyproject.toml)")
-    args, pytest_args = parse_arguments(parser, argv)
-    version = args.torch or oldest_allowed()
+def plan(version: str) -> tuple[list, list]:
+    """(installs, selections) for torch `version`."""
     # hf_vanilla without its requirements, then those and the test extra's with torch pinned: pip would refuse (or
     # upgrade) a release below the declared bound, and trying one is how a new bound is found.
     others = [str(requirement) for requirement in dependencies("test") if requirement.name != "torch"]
-    installs = [["--no-deps", "-e", ROOT], [f"torch=={version}", *others]]
-    return run_in_new_environment(f"torch {version}", installs, SELECTIONS, pytest_args)
+    return [["--no-deps", "-e", ROOT], [f"torch=={version}", *others]], SELECTIONS
+
+
+def main(argv=None) -> int:
+    return oldest_main("torch", __doc__, oldest_allowed, plan, argv)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ installed first as README installs it, then this clone (editable), its requireme
 any version, in the declared range or not), and the packages the tests import. Exit status 1 if a test fails, or if none runs.
 """
 
-import argparse
 import sys
 from importlib import metadata
 
-from declared_range import ROOT, dependencies, lower_bound, parse_arguments, run_in_new_environment
+from declared_range import ROOT, dependencies, lower_bound, oldest_main
 from packaging.version import Version
 
 MARKERS = "generation or parity"
@@ -34,18 +33,18 @@ def oldest_allowed() -> str:
     return lower_bound("transformers", "transformers>=X,<6")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--transformers", metavar="VERSION", default=None,
-                        help="the transformers version to test (default: the lower bound in pyproject.toml)")
-    args, pytest_args = parse_arguments(parser, argv)
-    version = args.transformers or oldest_allowed()
+def plan(version: str) -> tuple[list, list]:
+    """(installs, selections) for transformers `version`."""
     torch = f"torch=={Version(metadata.version('torch')).public}"  # 2.13.0+cpu -> torch==2.13.0, as README writes it
     # hf_vanilla without its requirements, then those with transformers pinned: pip would refuse a version below
     # the declared bound, and trying one is how a new bound is found.
     others = [str(requirement) for requirement in dependencies() if requirement.name != "transformers"]
     installs = [[torch], ["--no-deps", "-e", ROOT], [f"transformers=={version}", *others, *TEST_PACKAGES]]
-    return run_in_new_environment(f"transformers {version}", installs, [["-m", MARKERS]], pytest_args)
+    return installs, [["-m", MARKERS]]
+
+
+def main(argv=None) -> int:
+    return oldest_main("transformers", __doc__, oldest_allowed, plan, argv)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from hf_vanilla.conversion.cli import ENCODER_FORMATS, build_parser, main
+from hf_vanilla.conversion.cli import main
+from hf_vanilla.conversion.commands import CONVERSIONS
 from hf_vanilla.conversion.formats import bert, distilbert, electra, roberta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "to-marian", "roberta", "to-roberta",
-                "distilbert", "to-distilbert", "electra", "to-electra", "onnx"]
+SUB_COMMANDS = ["bert", "to-bert", "warm-start", "bert2bert", "marian", "to-marian", "bart", "to-bart", "roberta",
+                "to-roberta", "distilbert", "to-distilbert", "electra", "to-electra", "onnx"]
 
 # Runs a module as `python -m` would, then reports whether torch or transformers got imported.
 HELP_IMPORTS = """
@@ -56,9 +57,11 @@ def test_head_and_model_type_choices_are_the_converters():
     same names they convert."""
     formats = {"bert": bert.FORMAT, "roberta": roberta.FORMAT,
                "distilbert": distilbert.FORMAT, "electra": electra.FORMAT}
-    for name, (_, heads, model_types) in ENCODER_FORMATS.items():
-        assert set(heads) == set(formats[name].heads), name
-        assert list(model_types) == list(formats[name].model_types), name
+    for name, fmt in formats.items():
+        options = {option.name: option.choices for option in CONVERSIONS[name].options}
+        assert set(options["head"]) == {"auto", *fmt.heads}, name
+        assert list(CONVERSIONS[f"to-{name}"].options[1].choices) == list(fmt.model_types), name
+        assert CONVERSIONS[name].format() is CONVERSIONS[f"to-{name}"].format() is fmt
 
 
 def test_a_format_must_convert_the_heads_heads_py_declares():

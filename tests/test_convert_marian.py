@@ -362,3 +362,20 @@ def test_pipeline_matches_reference_generate(marian_with_tokenizer):
         output = translator(sentence, max_new_tokens=8, num_beams=1, do_sample=False)
         output = output[0] if isinstance(output, list) else output
         assert output["generated_text"] == tokenizer.decode(ids[0], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_to_marian_of_a_half_precision_conversion(marian, tmp_path, capsys, dtype):
+    """A model converted with --dtype bfloat16 goes back as stored, checked by the rule of the dtype written against
+    the vanilla source (read in float32), as the encoders' reverse conversions are: every tensor the same bits."""
+    source = marian[0]
+    assert cli(["marian", "--source", str(source), "--output", str(tmp_path / "half"), "--dtype", dtype]) == 0
+    capsys.readouterr()
+    assert cli(["to-marian", "--source", str(tmp_path / "half"), "--output", str(tmp_path / "back")]) == 0
+    printed = capsys.readouterr().out
+    assert "OK:" in printed and ("bf16" if dtype == "bfloat16" else "fp16") in printed, printed
+    half = load_file(tmp_path / "half" / "model.safetensors")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert back["model.shared.weight"].dtype == getattr(torch, dtype)
+    assert torch.equal(back["model.shared.weight"], half["model.encoder.embeddings.word_embeddings.weight"])
+    assert torch.equal(back["model.encoder.layers.0.fc1.weight"], half["model.encoder.layers.0.ffn.up_proj.weight"])

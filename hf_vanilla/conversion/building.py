@@ -1,10 +1,27 @@
 """Building the target: a model class instantiated on the meta device and given the mapped tensors without a copy,
 refused (every problem listed at once) unless every source tensor is mapped, every target tensor filled, and every
-shape and dtype fits."""
+shape and dtype fits. `map_and_build` is the map -> build step every format runs, both ways."""
 
 import torch
 
 from .errors import ConversionError
+from .mapping import map_tensors, source_namer
+
+
+def map_and_build(model_class, config, tensors: dict, table: dict[str, str], dropped: dict[str, str] | None = None,
+                  extra: dict | None = None, unprefix: str = "", checkpoint_names: dict[str, str] | None = None):
+    """The map -> build step, written once: `tensors` renamed through `table` (source module -> target module; a key
+    under a `dropped` prefix is left out for its reason, any other unmapped key refused), `extra` added (what a
+    format computes outside its table: token embeddings, position tables), `unprefix` taken off every target key
+    (a base model's keys have no `model.`), then `build_model`. `checkpoint_names` spells a source key as the user's
+    checkpoint does, for messages."""
+    mapped, unknown = map_tensors(tensors, table, dropped or {})
+    mapped.update(extra or {})
+    if unprefix:
+        mapped = {key.removeprefix(unprefix): tensor for key, tensor in mapped.items()}
+    names = checkpoint_names or {}
+    return build_model(model_class, config, mapped, [names.get(key, key) for key in unknown],
+                       source_namer(table, names))
 
 
 def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: list[str], source_name=None):

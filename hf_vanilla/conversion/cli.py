@@ -8,7 +8,8 @@ whole or not at all, and never replaces what it did not write (docs/errors_and_s
 `error:` line and exits with status 2 (1 for a bug in the converter); `--debug` adds the traceback.
 
 This module imports argparse only: `--help` and usage errors are answered without torch and transformers (seconds
-to import). Each sub-command imports the flow (flow.py) and its format (formats/) when it runs.
+to import). The sub-commands and their options are the registry's (commands.py), which the Python calls (api.py)
+share; each imports the flow (flow.py) and its format (formats/) when it runs.
 """
 
 import argparse
@@ -17,31 +18,11 @@ import os
 import shlex
 import sys
 
-from ..heads import converter_heads, export_tasks
+from ..heads import export_tasks
+from .commands import CONVERSIONS, run
 from .errors import report_failure
 
-DTYPES = ("float32", "float16", "bfloat16")
 ONNX_TASKS = tuple(export_tasks().values())  # hf_vanilla/heads.py declares which class exports as which task
-
-# BERT-family formats: sub-command -> (title, --head choices, --model-type choices of the reverse conversion). The
-# heads are read from hf_vanilla/heads.py (import-free), which each format (formats/) is checked against on import.
-# tests/test_cli.py checks the model types against the converters' own tables.
-ENCODER_FORMATS = {
-    "bert": ("BERT", converter_heads("bert"), ("bert",)),
-    "roberta": ("RoBERTa", converter_heads("roberta"), ("roberta", "xlm-roberta")),
-    "distilbert": ("DistilBERT", converter_heads("distilbert"), ("distilbert",)),
-    "electra": ("ELECTRA", converter_heads("electra"), ("electra",)),
-}
-
-
-def _flow():
-    """The conversion flow, imported when a sub-command runs (it imports torch, transformers and hf_vanilla)."""
-    return importlib.import_module(".flow", __package__)
-
-
-def _format(module: str, name: str = "FORMAT"):
-    """A format's data (formats/), imported when its sub-command runs."""
-    return getattr(importlib.import_module(f".formats.{module}", __package__), name)
 
 
 def _io_arguments(parser, source_help: str, force_help: str = "replace an earlier output of this converter once "
@@ -53,78 +34,17 @@ def _io_arguments(parser, source_help: str, force_help: str = "replace an earlie
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
 
 
-def _encoder_commands(subparsers, name: str, title: str, heads: tuple, model_types: tuple) -> None:
-    parser = subparsers.add_parser(name, help=f"a transformers {title} checkpoint -> a vanilla encoder")
-    _io_arguments(parser, f"Hub id or local {title} checkpoint directory")
-    parser.add_argument("--head", default="auto", choices=["auto", *heads],
-                        help="which model to build; auto follows the source's `architectures`")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help=f"skip the layer-by-layer comparison with transformers' {title}")
-    parser.set_defaults(run=lambda a: _flow().convert(_format(name), a.source, a.output, a.dtype, a.force, a.verify,
-                                                      a.command, head=a.head))
-
-    parser = subparsers.add_parser(f"to-{name}", help=f"a vanilla encoder checkpoint -> a transformers {title} "
-                                                      f"checkpoint")
-    _io_arguments(parser, "vanilla encoder checkpoint directory")
-    parser.add_argument("--dtype", default=None, choices=DTYPES,
-                        help="dtype of the saved weights (default: as stored, which makes the round trip exact)")
-    parser.add_argument("--model-type", default=model_types[0], choices=model_types, help="the model_type to write")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help=f"skip loading the written {title} with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: _flow().to_source(_format(name), a.source, a.output, a.force, a.verify, a.dtype,
-                                                        model_type=a.model_type))
-
-
-def _seq2seq_commands(subparsers) -> None:
-    def common(parser, source_help):
-        _io_arguments(parser, source_help)
-        parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
-        parser.add_argument("--no-verify", dest="verify", action="store_false",
-                            help="skip the comparison with the transformers model")
-
-    parser = subparsers.add_parser("warm-start",
-                                   help="one BERT checkpoint -> both stacks of a vanilla encoder-decoder (bert2bert)")
-    common(parser, "Hub id (bert-base-uncased) or local BERT checkpoint dir")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fresh cross-attention")
-    parser.add_argument("--decoder-start-token-id", type=int, default=None,
-                        help="first decoder token; default the tokenizer's [CLS]")
-    parser.add_argument("--eos-token-id", type=int, default=None, help="end of a target; default the tokenizer's [SEP]")
-    parser.set_defaults(run=lambda a: _flow().convert(
-        _format("bert2bert", "WARM_START"), a.source, a.output, a.dtype, a.force, a.verify, a.command, seed=a.seed,
-        decoder_start_token_id=a.decoder_start_token_id, eos_token_id=a.eos_token_id))
-
-    parser = subparsers.add_parser("bert2bert",
-                                   help="a transformers EncoderDecoderModel (BERT encoder + BERT decoder) -> vanilla")
-    common(parser, "Hub id or local EncoderDecoderModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _flow().convert(_format("bert2bert", "BERT2BERT"), a.source, a.output, a.dtype,
-                                                      a.force, a.verify, a.command))
-
-    parser = subparsers.add_parser("marian", help="a transformers MarianMTModel (OPUS-MT) -> vanilla")
-    common(parser, "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir")
-    parser.set_defaults(run=lambda a: _flow().convert(_format("marian"), a.source, a.output, a.dtype, a.force,
-                                                      a.verify, a.command))
-
-    parser = subparsers.add_parser("to-marian", help="a vanilla encoder-decoder converted from Marian -> a "
-                                                     "transformers MarianMTModel")
-    _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip loading the written MarianMTModel with transformers and comparing it with the "
-                             "source")
-    parser.set_defaults(run=lambda a: _flow().to_source(_format("marian"), a.source, a.output, a.force, a.verify))
-
-    parser = subparsers.add_parser("bart", help="a transformers BART checkpoint (BartModel or any BartFor* head) -> "
-                                                "its vanilla counterpart")
-    common(parser, "Hub id (facebook/bart-base) or local BART checkpoint dir")
-    parser.set_defaults(run=lambda a: _flow().convert(_format("bart"), a.source, a.output, a.dtype, a.force, a.verify,
-                                                      a.command))
-
-    parser = subparsers.add_parser("to-bart", help="a vanilla encoder-decoder (or decoder alone) -> the transformers "
-                                                   "BART class of the same head")
-    _io_arguments(parser, "vanilla encoder-decoder checkpoint directory")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip loading the written BART with transformers and comparing it with the source")
-    parser.set_defaults(run=lambda a: _flow().to_source(_format("bart"), a.source, a.output, a.force, a.verify))
+def _conversion_command(subparsers, conversion) -> None:
+    """One sub-command of the registry (commands.py): its options as flags, run as the Python call runs it."""
+    parser = subparsers.add_parser(conversion.name, help=conversion.help)
+    _io_arguments(parser, conversion.source_help)
+    for option in conversion.options:
+        parser.add_argument(option.flag, dest=option.name, default=option.default, choices=option.choices,
+                            type=int if option.integer else None, help=option.help)
+    parser.add_argument("--no-verify", dest="verify", action="store_false", help=conversion.verify_help)
+    parser.set_defaults(run=lambda a: run(conversion, a.source, a.output,
+                                          {option.name: getattr(a, option.name) for option in conversion.options},
+                                          a.force, a.verify, a.command))
 
 
 def _onnx_command(subparsers) -> None:
@@ -144,10 +64,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      epilog="`%(prog)s FORMAT --help` describes a sub-command.")
     subparsers = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
-    _encoder_commands(subparsers, "bert", *ENCODER_FORMATS["bert"])
-    _seq2seq_commands(subparsers)
-    for name in ("roberta", "distilbert", "electra"):
-        _encoder_commands(subparsers, name, *ENCODER_FORMATS[name])
+    for conversion in CONVERSIONS.values():
+        _conversion_command(subparsers, conversion)
     _onnx_command(subparsers)
     return parser
 

@@ -9,7 +9,8 @@ for its part and goes on; nothing calls back into the flow. What a format answer
 
     model_types, name, title           which checkpoints it reads, how the command and the messages name it
     read(source_dir, config, **choices) -> job     the source's tensors and the model to build (refusals first)
-    build(job) -> model                            map the tensors (mapping.py) and build ours (building.py)
+    build(job) -> model                            its key table through the one map -> build step
+                                                   (building.map_and_build)
     verify(job, model) -> (ok, summary)            ours against transformers' model of the source (parity.py)
     side_files(job, directory)                     what is copied next to the weights (tokenizer, ...)
     card(job, source) -> (title, notes)            the model card's heading and its notes
@@ -22,10 +23,12 @@ and for the way back:
     required(config, head) -> {field: (value, why)}  what the format computes with one value only (or a test)
     reverse_hint                                   the way out named under those refusals
     target(config, head, **choices) -> (class, config)   the transformers class and config to write
-    to_source_model(tensors, config, head, target, source_dir) -> model
+    to_source_model(tensors, config, head, target, source_dir) -> model   (map_and_build, the table inverted)
     compare_written(vanilla, written, head) -> (ok, summary)
 
-Every step is strict and every output atomic (io/output.py): nothing is written unless every step passes.
+Every step is strict and every output atomic (io/output.py): nothing is written unless every step passes. A new
+format is its module in formats/ and its rows in the registry of conversions (commands.py), from which the command
+line and the Python calls (api.py) are made.
 """
 
 from pathlib import Path

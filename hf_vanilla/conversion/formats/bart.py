@@ -18,7 +18,7 @@ from ...modeling_vanilla import (
     VanillaSeq2SeqModel,
 )
 from ..errors import ConversionError
-from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers
+from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers, fairseq_required
 from .seq2seq import Seq2SeqFormat, Seq2SeqHead
 
 POSITION_OFFSET = 2  # BART numbers positions from padding_idx + 1, as fairseq did
@@ -104,11 +104,7 @@ def required(config: VanillaSeq2SeqConfig, head: str) -> dict:
         "position_embedding_type": ("learned", "BART learns its positions"),
         "position_offset": (POSITION_OFFSET, "BART numbers positions from padding_idx + 1"),
         "embedding_layer_norm": (True, "BART LayerNorms the summed embeddings"),
-        "pre_norm": (False, "BART normalises after each residual sum (post-LN)"),
-        "type_vocab_size": (0, "BART has no token types"),
-        "lm_head_transform": (False, "BART's output projection has no transform"),
-        "layer_norm_eps": (1e-5, "BART's LayerNorms use torch's default epsilon"),
-        "embedding_size": (config.hidden_size, "BART embeds at the model width"),
+        **fairseq_required(config, "BART"),
         "tie_word_embeddings": (True, "BART's output projection is its token embeddings"),
     }
     if head != "BartForCausalLM":

@@ -19,10 +19,10 @@ import torch
 
 from ...configuration_vanilla import VanillaSeq2SeqConfig
 from ...modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
-from ..building import build_model
+from ..building import map_and_build
 from ..errors import ConversionError
 from ..io.reading import load_tensors
-from ..mapping import check_layer_counts, expand_table, map_tensors, normalise_keys, untie
+from ..mapping import check_layer_counts, expand_table, normalise_keys, untie
 from ..parity import check, reference_model, rule, verification_batch
 from .bert import ENCODER_TABLE
 from .bert import FORMAT as BERT
@@ -121,20 +121,21 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
             ) from None
     elif "cls.predictions.bias" in decoder:
         decoder.pop("cls.predictions.decoder.bias", None)  # the same bias, stored twice
-    encoder_dropped = BERT.dropped_keys("base") | {
+    dropped = {"encoder": BERT.dropped_keys("base") | {
         "pooler": "BERT's pooler (tanh over [CLS]): an encoder-decoder's decoder reads every encoder state, never it"
-    }
-    decoder_dropped = BERT.dropped_keys("masked-lm")
-    encoder_table = bert_stack_table("encoder", config.num_hidden_layers, cross_attention=False)
-    decoder_table = bert_stack_table("decoder", config.decoder_layers, cross_attention=True)
-    decoder_table.update(expand_table(list(BERT.heads["masked-lm"].table), 0))
+    }, "decoder": BERT.dropped_keys("masked-lm")}
+    tables = {"encoder": bert_stack_table("encoder", config.num_hidden_layers, cross_attention=False),
+              "decoder": bert_stack_table("decoder", config.decoder_layers, cross_attention=True)}
+    tables["decoder"].update(expand_table(list(BERT.heads["masked-lm"].table), 0))
     if not tie_word_embeddings:
-        decoder_table["cls.predictions.decoder"] = "lm_head.decoder"  # untied: an output matrix of its own
-    mapped, unknown = map_tensors(encoder, encoder_table, encoder_dropped)
-    mapped_decoder, unknown_decoder = map_tensors(decoder, decoder_table, decoder_dropped)
-    mapped.update(mapped_decoder)
-    unknown = [f"encoder.{k}" for k in unknown] + [f"decoder.{k}" for k in unknown_decoder] + others
-    return build_model(VanillaSeq2SeqForConditionalGeneration, config, mapped, unknown)
+        tables["decoder"]["cls.predictions.decoder"] = "lm_head.decoder"  # untied: an output matrix of its own
+    # The two stacks under their transformers prefixes again (each read without `bert.`): one table holds both.
+    def joined(parts: dict) -> dict:
+        return {f"{stack}.{key}": value for stack, part in parts.items() for key, value in part.items()}
+
+    normalised = joined({"encoder": encoder, "decoder": decoder})
+    normalised.update((key, tensors[key]) for key in others)  # none maps: each is refused by name
+    return map_and_build(VanillaSeq2SeqForConditionalGeneration, config, normalised, joined(tables), joined(dropped))
 
 
 # ---- bert2bert ----------------------------------------------------------------------------------------------------

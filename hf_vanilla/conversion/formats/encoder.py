@@ -12,11 +12,11 @@ import torch
 from ... import modeling_vanilla
 from ...configuration_vanilla import VanillaEncoderConfig
 from ...heads import class_for_head, converter_heads
-from ..building import build_model
+from ..building import map_and_build
 from ..errors import ConversionError
 from ..io.reading import load_tensors
 from ..io.writing import copy_side_files
-from ..mapping import check_layer_counts, expand_table, map_tensors, normalise_keys, source_namer, untie
+from ..mapping import check_layer_counts, expand_table, normalise_keys, untie
 from ..parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
 
 
@@ -284,11 +284,9 @@ class EncoderFormat:
         config.use_pooler = self.reads_pooler(head) and (head != "base" or any(k in normalised for k in pooler))
         if spec.causal:
             config.is_decoder = True
-        table = self.key_table(config.num_hidden_layers, head)
-        mapped, unknown = map_tensors(normalised, table, self.dropped_keys(head))
-        unknown = [checkpoint_names.get(key, key) for key in unknown]
         model_class = self.model_class(head)
-        model = build_model(model_class, config, mapped, unknown, source_namer(table, checkpoint_names))
+        model = map_and_build(model_class, config, normalised, self.key_table(config.num_hidden_layers, head),
+                              self.dropped_keys(head), checkpoint_names=checkpoint_names)
         model.config.architectures = [model_class.__name__]
         return model
 
@@ -381,11 +379,10 @@ class EncoderFormat:
                                                    "" if head == "base" else self.prefix).items()}
         # Checkpoints converted before heads stopped building an unread pooler have one.
         dropped = {} if self.reads_pooler(head) else {"model.pooler.": f"{source_class.__name__} has no pooler"}
-        mapped, unknown = map_tensors(ours, inverse, dropped)
         build_class = source_class
         if "add_pooling_layer" in inspect.signature(source_class.__init__).parameters:
             build_class = partial(source_class, add_pooling_layer=config.use_pooler)
-        return build_model(build_class, target_config, mapped, unknown, source_namer(inverse))
+        return map_and_build(build_class, target_config, ours, inverse, dropped)
 
     @staticmethod
     def compare_written(vanilla, written, head: str) -> tuple[bool, str]:

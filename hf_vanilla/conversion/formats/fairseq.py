@@ -57,6 +57,18 @@ def fairseq_fields(config: VanillaSeq2SeqConfig) -> dict:
     )
 
 
+def fairseq_required(config: VanillaSeq2SeqConfig, title: str) -> dict:
+    """What fairseq's layout (BART's and Marian's) computes with one value only, for the reverse conversions'
+    `required`: {field: (value, why)}; each format adds its positions and embeddings."""
+    return {
+        "pre_norm": (False, f"{title} normalises after each residual sum (post-LN)"),
+        "type_vocab_size": (0, f"{title} has no token types"),
+        "lm_head_transform": (False, f"{title}'s output projection has no transform"),
+        "layer_norm_eps": (1e-5, f"{title}'s LayerNorms use torch's default epsilon"),
+        "embedding_size": (config.hidden_size, f"{title} embeds at the model width"),
+    }
+
+
 def fairseq_config(source: dict, title: str, **choices) -> VanillaSeq2SeqConfig:
     """A BART-family config dict (MarianConfig, BartConfig: fairseq's field names) -> ours; `choices` are the
     format's own (positions, embedding LayerNorm, defaults)."""

@@ -11,7 +11,7 @@ do (fairseq.py holds that table).
 from ...configuration_vanilla import VanillaSeq2SeqConfig
 from ...modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
 from ..errors import ConversionError
-from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers
+from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers, fairseq_required
 from .seq2seq import Seq2SeqFormat, Seq2SeqHead
 
 MARIAN = "MarianMTModel"  # the one class: Marian converts no other head
@@ -78,11 +78,7 @@ def required(config: VanillaSeq2SeqConfig) -> dict:
         "sinusoidal_layout": ("concatenated", "Marian stores sines then cosines"),
         "position_offset": (0, "Marian numbers positions from 0"),
         "embedding_layer_norm": (False, "Marian does not LayerNorm its embeddings"),
-        "pre_norm": (False, "Marian normalises after each residual sum (post-LN)"),
-        "type_vocab_size": (0, "Marian has no token types"),
-        "lm_head_transform": (False, "Marian's output projection has no transform"),
-        "layer_norm_eps": (1e-5, "Marian's LayerNorms use torch's default epsilon"),
-        "embedding_size": (config.hidden_size, "Marian embeds at the model width"),
+        **fairseq_required(config, "Marian"),
     }
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 
 from ...configuration_vanilla import VanillaSeq2SeqConfig
-from ..building import build_model
+from ..building import map_and_build
 from ..errors import ConversionError
 from ..io.reading import check_generation_settings, load_tensors, read_generation_config, read_json
 from ..io.writing import TOKENIZER_FILES, copy_side_files
-from ..mapping import check_layer_counts, map_tensors
+from ..mapping import check_layer_counts
 from ..parity import PRECISION_NAMES, check, compare_generation, reference_model, reference_side, rule, worse
 from .fairseq import fairseq_layer_counts
 
@@ -113,12 +113,10 @@ class Seq2SeqFormat:
         config = self.vanilla_config(source_config, head)
         tensors = self.prepare(tensors, config)
         check_layer_counts(tensors, fairseq_layer_counts(config, self.heads[head].stacks), config_file)
-        embeddings = self.embeddings(tensors, config, head)
-        mapped, unknown = map_tensors(tensors, self.key_table(config, head), self.dropped(config, head))
-        mapped.update(embeddings)
-        if self.heads[head].base:  # our base model has no `model.` prefix either
-            mapped = {key.removeprefix("model."): tensor for key, tensor in mapped.items()}
-        return build_model(self.heads[head].model_class, config, mapped, unknown)
+        embeddings = self.embeddings(tensors, config, head)  # popped from `tensors`: before the table is read
+        return map_and_build(self.heads[head].model_class, config, tensors, self.key_table(config, head),
+                             self.dropped(config, head), extra=embeddings,
+                             unprefix="model." if self.heads[head].base else "")  # our base model has no `model.`
 
     # ---- the flow's steps, source -> vanilla (flow.convert) ----
 
@@ -171,19 +169,18 @@ class Seq2SeqFormat:
         tensors = {("model." if base else "") + key: tensor for key, tensor in tensors.items()}
         inverse = {ours: theirs for theirs, ours in self.key_table(config, head).items()}
         embeddings = self.source_embeddings(tensors, config, head, source_config)
-        mapped, unknown = map_tensors(tensors, inverse, {})
-        mapped.update(embeddings)
-        if base:
-            mapped = {key.removeprefix("model."): tensor for key, tensor in mapped.items()}
-        model = build_model(source_class, source_config, mapped, unknown)
+        model = map_and_build(source_class, source_config, tensors, inverse, extra=embeddings,
+                              unprefix="model." if base else "")
         generation = read_generation_config(source_dir, config.vocab_size)
         if generation is not None:
             model.generation_config = generation
         return model
 
     def compare_written(self, vanilla, written, head: str) -> tuple[bool, str]:
+        """The written model against the vanilla source, which is the reference (read in float32): by the rule of
+        the dtype written, as the encoders' `compare_written` does (a bfloat16 model goes back in bfloat16)."""
         spec = self.heads[head]
-        return verify_seq2seq(written, vanilla, decoder_inputs=spec.decoder_inputs, generation=spec.generates)
+        return verify_seq2seq(vanilla, written, decoder_inputs=spec.decoder_inputs, generation=spec.generates)
 
 
 # ---- generation settings and the tokenizer --------------------------------------------------------------------
