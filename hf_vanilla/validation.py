@@ -40,9 +40,10 @@ TENSOR_INPUTS = frozenset({
 def refuse_non_tensors(forward, args: tuple, kwargs: dict) -> None:
     """Refuse a TENSOR_INPUTS argument of a call to `forward` (the model class's, whose first parameter is `self`)
     that is given but is not a torch tensor, naming it and the fix. `args` are matched to its parameters by place."""
-    given = [*zip(inspect.unwrap(forward).__code__.co_varnames[1:1 + len(args)], args), *kwargs.items()]
+    given = kwargs.items() if not args else [*zip(inspect.unwrap(forward).__code__.co_varnames[1:], args),
+                                             *kwargs.items()]
     for name, value in given:
-        if name in TENSOR_INPUTS and value is not None and not isinstance(value, torch.Tensor):
+        if value is not None and not isinstance(value, torch.Tensor) and name in TENSOR_INPUTS:
             kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
                 f"{type(value).__module__}.{type(value).__qualname__}"
             raise ValueError(f"{name} is a {kind}, and the model takes torch tensors: pass torch.as_tensor({name}), "
