@@ -130,6 +130,7 @@ from benchmark import (  # noqa: E402
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.formats.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.parity import tolerance  # noqa: E402
+from hf_vanilla.measure import balanced_orders  # noqa: E402
 
 REFERENCE = "transformers"
 BENCH_EXTRA = 'pip install -e ".[bench]"'
@@ -644,20 +645,6 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
             t0 = time.perf_counter()
             engine.output = engine.run()
             engine.times[settle_s].append(time.perf_counter() - t0)
-
-
-def balanced_orders(n: int) -> list[list[int]]:
-    """Orders of 0..n-1 in which each one comes right after each other one equally often, and in each place equally
-    often: a Williams design (a row-complete Latin square, `n` orders for an even `n`; with the same orders reversed,
-    2n for an odd one). The orders repeat; a run of fewer rounds than one cycle is balanced as far as it goes."""
-    first, low, high = [0], 1, n - 1
-    while low <= high:
-        first.append(low)
-        if low != high:
-            first.append(high)
-        low, high = low + 1, high - 1
-    orders = [[(k + shift) % n for k in first] for shift in range(n)]
-    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
 
 
 def ratio_text(reference, engine, settle):

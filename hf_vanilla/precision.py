@@ -31,22 +31,29 @@ from torch import nn
 
 
 
-def cpu_flags() -> set:
-    """The CPU feature flags /proc/cpuinfo lists (empty where it cannot be read)."""
+def _cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo ("" where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            return next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo
+                         if line.split(":", 1)[0].strip() == field), "")
     except OSError:
-        return set()
+        return ""
+
+
+def cpu_flags() -> set:
+    """The CPU feature flags /proc/cpuinfo lists (empty where it cannot be read)."""
+    return set(_cpuinfo("flags").split())
 
 
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id: "GenuineIntel", "AuthenticAMD", or "" where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
+    return _cpuinfo("vendor_id")
+
+
+def cpu_name() -> str:
+    """/proc/cpuinfo's model name ("AMD EPYC 9R45"), or "" where it cannot be read."""
+    return _cpuinfo("model name")
 
 
 def native_bf16_cpu() -> bool:
@@ -322,5 +329,5 @@ def _quantize_vocabulary(model) -> None:
         setattr(module, name, lookups[id(embedding)])
 
 
-__all__ = ["Int8Embedding", "Int8Linear", "bf16_is_fast", "cpu_flags", "cpu_vendor", "native_bf16_cpu", "quantize_int8",
+__all__ = ["Int8Embedding", "Int8Linear", "bf16_is_fast", "cpu_flags", "cpu_name", "cpu_vendor", "native_bf16_cpu", "quantize_int8",
            "weight_levels"]
