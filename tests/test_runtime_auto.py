@@ -165,7 +165,7 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
     model = model_of()
     kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
     record = {"runtime": "onnxruntime", "precision": "f32", "times_ms": {}, "engine_ms": {}, "accuracy": {},
-              "left_out": {}, "measured_s": 1.0}
+              "left_out": {}, "measured_s": 1.0, "cpu": {}}
     if damage == "wrong path":
         damage = json.dumps({"format": auto.FORMAT, "key": kept.stem[5:],
                              "choice": dict(record, runtime="../../etc/passwd")}).encode()
@@ -247,3 +247,23 @@ def test_the_key_is_the_models_shape_not_its_weights():
     wider = auto.decision_key(VanillaEncoderModel(VanillaEncoderConfig(**dict(CONFIG, hidden_size=64))).eval(),
                               "f32", 2, paths)
     assert one == two != wider
+
+
+@pytest.mark.parametrize("flags, vendor, expected", [
+    ({"avx2", "fma"}, "AuthenticAMD",  # AMD Zen 3, the AVX2-only EPYC of issue 46
+     dict(avx512=False, avx512_vnni=False, bf16_fast=False, fbgemm_int8_bits=7, mlas_int8_bits=7)),
+    ({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}, "AuthenticAMD",  # Zen 4, Zen 5
+     dict(avx512=True, avx512_vnni=True, bf16_fast=True, fbgemm_int8_bits=8, mlas_int8_bits=8)),
+    ({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}, "GenuineIntel",  # Cooper Lake: bf16 not faster
+     dict(avx512=True, bf16_fast=False, amx=False)),
+    ({"avx2", "avx_vnni"}, "GenuineIntel",  # Alder Lake: VNNI for MLAS, not for fbgemm
+     dict(avx512=False, fbgemm_int8_bits=7, mlas_int8_bits=8)),
+    ({"avx2", "avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}, "GenuineIntel",  # SPR
+     dict(amx=True, bf16_fast=True, fbgemm_int8_bits=8, mlas_int8_bits=8)),
+])
+def test_cpu_capabilities_are_read_from_the_flags(flags, vendor, expected):
+    """The per-CPU facts the engines rely on, in one place, read from scripted flags."""
+    from hf_vanilla.precision import cpu_capabilities
+
+    found = cpu_capabilities(flags, vendor)
+    assert {name: found[name] for name in expected} == expected

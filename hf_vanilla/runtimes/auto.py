@@ -19,8 +19,9 @@ will run them (the engine's own path; PyTorch's separately). Timing is what hf_v
 per-request-size choice: each path's calls in a block, the first of each block not counted (a call right after
 another engine's pays for that engine's spinning threads, which no request to a model holding one engine pays),
 blocks in balanced orders (`measure.balanced_orders`: a Williams design, each path right after each other one
-equally often) so that a busy moment of a shared machine hits every path alike, for `ROUNDS` rounds at least and
-until `BUDGET_S` seconds of timed calls (a second or two). Its cost is logged at INFO.
+equally often) so that a busy moment of a shared machine hits every path alike, for `ROUNDS` round at least and
+until `BUDGET_S` seconds have passed (a second or two on a quiet machine; a round takes longer on a busy one). Its
+cost, with the attach of every path, is logged at INFO.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch,
@@ -66,7 +67,7 @@ import torch
 import transformers
 
 from .. import __version__, measure
-from ..precision import bf16_is_fast, cpu_flags, cpu_name, cpu_vendor
+from ..precision import bf16_is_fast, cpu_capabilities, cpu_flags, cpu_name, cpu_vendor
 from ..runtime_registry import apply_runtime
 from .attached import take_off
 from .choice import CHOICE_MIN_GAIN, key_of
@@ -76,8 +77,8 @@ logger = logging.getLogger(__name__)
 FORMAT = 1  # of the auto-<key>.json files: bump when what they hold changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
-BUDGET_S = 1.5  # seconds of timed calls, all paths together (rounds go on to ROUNDS at least)
-ROUNDS = 2  # rounds of blocks at least, whatever the budget
+BUDGET_S = 1.5  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
+ROUNDS = 1  # rounds of blocks at least, whatever the budget
 BLOCK = 3  # timed calls per block, after its first (not timed)
 TIE = 1.02  # a path this close to the fastest, earlier in PATHS, is preferred
 ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (the module docstring)
@@ -123,6 +124,7 @@ class AutoChoice:
     accuracy: dict  # reduced-precision path -> lowest token cosine against float32 (ACCURACY_FLOOR: the rule)
     left_out: dict  # path -> why it was not a candidate (not installed, refused this model, below the floor)
     measured_s: float  # seconds the measurement took when it was made (attach and timing)
+    cpu: dict  # the CPU it was measured on: its name and capabilities (hf_vanilla.precision.cpu_capabilities)
     cached: bool  # True where this process read the decision from the file instead of measuring
     file: str | None  # the JSON file the decision is kept in (None: no writable cache folder)
 
@@ -149,7 +151,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
     threads = threads or torch.get_num_threads()
     paths, left_out = _candidates(precision)
     if len(paths) == 1:  # PyTorch alone: nothing to measure, nothing to keep
-        _CHOICES[model] = AutoChoice("pytorch", precision, {}, {}, {}, left_out, 0.0, False, None)
+        _CHOICES[model] = AutoChoice("pytorch", precision, {}, {}, {}, left_out, 0.0, _cpu(), False, None)
         logger.info("runtime='auto': eager PyTorch (no engine installed: %s)", "; ".join(left_out.values()))
         return model
     file = _decision_file(model, precision, threads, paths, cache_dir)
@@ -250,7 +252,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out) -> AutoChoic
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
     chosen = _choose(effective)
     record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, left_out,
-                        time.perf_counter() - started, False, None)
+                        time.perf_counter() - started, _cpu(), False, None)
     logger.info("runtime='auto': measured %d paths in %.2f s (%.2f s attaching them, %.2f s timing): %s; ms short / "
                 "padded: %s", len(times), record.measured_s, attached, record.measured_s - attached, chosen,
                 ", ".join(f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in record.times_ms.items()))
@@ -290,15 +292,15 @@ def _accuracy(runs: dict, mask: torch.Tensor, left_out: dict) -> dict:
 
 def _time(runs: dict) -> dict:
     """{path: {request: median seconds}}: each path's first calls untimed (a compilation of the request's own shape
-    comes at the second: OpenVINO's `static_shapes`), then blocks in balanced orders until ROUNDS rounds and
-    BUDGET_S seconds of timed calls, read on `measure.clock`."""
+    comes at the second: OpenVINO's `static_shapes`), then rounds of blocks in balanced orders, at least ROUNDS and
+    until BUDGET_S seconds have passed since the first (untimed calls included), read on `measure.clock`."""
     names = list(runs)
     for calls in runs.values():
         for run in calls.values():
             run(), run()
     seconds = {name: {request: [] for request in runs[name]} for name in names}
-    orders, spent, rounds = measure.balanced_orders(len(names)), 0.0, 0
-    while rounds < ROUNDS or spent < BUDGET_S:
+    orders, rounds, started = measure.balanced_orders(len(names)), 0, measure.clock()
+    while rounds < ROUNDS or measure.clock() - started < BUDGET_S:
         for index in orders[rounds % len(orders)]:
             name = names[index]
             for request, run in runs[name].items():
@@ -306,9 +308,7 @@ def _time(runs: dict) -> dict:
                 for _ in range(BLOCK):
                     start = measure.clock()
                     run()
-                    took = measure.clock() - start
-                    seconds[name][request].append(took)
-                    spent += took
+                    seconds[name][request].append(measure.clock() - start)
         rounds += 1
     return {name: {request: statistics.median(times) for request, times in by.items()}
             for name, by in seconds.items()}
@@ -352,6 +352,10 @@ def _keep_sizes(model, record: AutoChoice) -> None:
 
 
 # ---- the kept decision ---------------------------------------------------------------------------------------------
+
+
+def _cpu() -> dict:
+    return {"name": cpu_name(), "vendor": cpu_vendor()} | cpu_capabilities()
 
 
 def versions() -> dict:
@@ -401,8 +405,9 @@ def _read(file, paths: list) -> dict | None:
                     isinstance(by, dict) and all(isinstance(ms, (int, float)) and ms > 0 for ms in by.values())
                     for by in record[table].values()):
                 raise ValueError(f"{table} is not milliseconds per path and request")
-        if not isinstance(record["measured_s"], (int, float)) or not isinstance(record["accuracy"], dict) \
-                or not isinstance(record["left_out"], dict) or record["precision"] not in PRECISIONS:
+        if not isinstance(record["measured_s"], (int, float)) or not all(
+                isinstance(record[table], dict) for table in ("accuracy", "left_out", "cpu")) \
+                or record["precision"] not in PRECISIONS:
             raise ValueError("a field of the wrong type")
         return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:  # json's errors are ValueErrors
