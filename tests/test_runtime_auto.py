@@ -16,7 +16,13 @@ import pytest
 import torch
 from numerics import assert_close
 
-from hf_vanilla import VanillaEncoderConfig, VanillaEncoderForSequenceClassification, VanillaEncoderModel
+from hf_vanilla import (
+    VanillaEncoderConfig,
+    VanillaEncoderForSequenceClassification,
+    VanillaEncoderModel,
+    VanillaSeq2SeqConfig,
+    VanillaSeq2SeqModel,
+)
 from hf_vanilla.runtimes.choice import key_of, runtime_choices
 
 pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
@@ -179,6 +185,29 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
     assert calls and auto.auto_choice(model).runtime == "onnxruntime"
     assert json.loads(kept.read_text())["choice"]["runtime"] == "onnxruntime"
     assert auto._read(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
+
+
+def test_an_encoder_decoder_runs_where_its_encoder_can(graphs, scripted_clock, monkeypatch):
+    """The engines holding weights refuse an encoder-decoder (it shares its embeddings with the decoder): left out,
+    saying why; ONNX Runtime fed the weights, scripted fastest, runs its encoder, which answers as PyTorch's."""
+    scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.1, "pytorch": 0.3})
+    config = VanillaSeq2SeqConfig(vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64)
+    torch.manual_seed(0)
+    model = VanillaSeq2SeqModel(config).eval()
+    plain = VanillaSeq2SeqModel(config).eval()
+    plain.load_state_dict(model.state_dict())
+    auto.use_auto(model, cache_dir=graphs)
+    chosen = auto.auto_choice(model)
+    assert chosen.runtime == "onnxruntime" and "encoder-decoder" in chosen.left_out["onnxruntime owned"]
+    assert type(vars(model.get_encoder())["forward"]).__name__ == "OnnxEncoder"
+    inputs = batch()
+    real = inputs["attention_mask"].bool()
+    with torch.inference_mode():
+        got = model.get_encoder()(**inputs).last_hidden_state
+        want = plain.get_encoder()(**inputs).last_hidden_state
+    assert_close(got[real], want[real])
 
 
 def test_paths_not_installed_are_not_candidates(graphs, scripted_clock, monkeypatch):

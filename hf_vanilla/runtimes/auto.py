@@ -80,6 +80,7 @@ PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed
 BUDGET_S = 1.5  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
 ROUNDS = 1  # rounds of blocks at least, whatever the budget
 BLOCK = 3  # timed calls per block, after its first (not timed)
+WARM_CALLS = 40  # untimed calls of each path and request at most, until PyTorch's kernels are chosen
 TIE = 1.02  # a path this close to the fastest, earlier in PATHS, is preferred
 ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (the module docstring)
 PRECISIONS = ("f32", "fastest")
@@ -292,12 +293,18 @@ def _accuracy(runs: dict, mask: torch.Tensor, left_out: dict) -> dict:
 
 def _time(runs: dict) -> dict:
     """{path: {request: median seconds}}: each path's first calls untimed (a compilation of the request's own shape
-    comes at the second: OpenVINO's `static_shapes`), then rounds of blocks in balanced orders, at least ROUNDS and
+    comes at the second: OpenVINO's `static_shapes`; PyTorch's first calls of a shape time its matrix kernels, and
+    a call that did is not counted, as in runtimes/choice.py), then rounds of blocks in balanced orders, at least ROUNDS and
     until BUDGET_S seconds have passed since the first (untimed calls included), read on `measure.clock`."""
     names = list(runs)
     for calls in runs.values():
         for run in calls.values():
-            run(), run()
+            run()
+            for _ in range(WARM_CALLS):  # on until a call calibrates no matrix kernel (hf_vanilla/kernels.py)
+                before = measure.timed_calls()
+                run()
+                if measure.timed_calls() == before:
+                    break
     seconds = {name: {request: [] for request in runs[name]} for name in names}
     orders, rounds, started = measure.balanced_orders(len(names)), 0, measure.clock()
     while rounds < ROUNDS or measure.clock() - started < BUDGET_S:
@@ -306,11 +313,12 @@ def _time(runs: dict) -> dict:
             for request, run in runs[name].items():
                 run()  # the block's first call: after another path's, it pays for that one's threads
                 for _ in range(BLOCK):
-                    start = measure.clock()
+                    before, start = measure.timed_calls(), measure.clock()
                     run()
-                    seconds[name][request].append(measure.clock() - start)
+                    if measure.timed_calls() == before:  # a call that also timed kernels is slower than it will be
+                        seconds[name][request].append(measure.clock() - start)
         rounds += 1
-    return {name: {request: statistics.median(times) for request, times in by.items()}
+    return {name: {request: statistics.median(times or [float("inf")]) for request, times in by.items()}
             for name, by in seconds.items()}
 
 
