@@ -28,6 +28,8 @@ from hf_vanilla.runtimes.choice import key_of, runtime_choices
 pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
 from hf_vanilla.runtimes import auto  # noqa: E402
 
+SATURATED = auto.saturated  # the autouse fixture below scripts it
+
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               max_position_embeddings=64, num_labels=3)
 ENGINES = {"pytorch": None, "onnxruntime": "OnnxEncoder", "onnxruntime owned": "OwnedOnnxEncoder",
@@ -41,6 +43,7 @@ def one_round(monkeypatch):
     monkeypatch.setattr(auto, "ROUNDS", 1)
     monkeypatch.setattr(auto, "BLOCK", 1)
     monkeypatch.setattr(auto, "BUDGET_S", 0.0)
+    monkeypatch.setattr(auto, "saturated", lambda: None)  # the machine running the tests may be busy
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +211,25 @@ def test_an_encoder_decoder_runs_where_its_encoder_can(graphs, scripted_clock, m
         got = model.get_encoder()(**inputs).last_hidden_state
         want = plain.get_encoder()(**inputs).last_hidden_state
     assert_close(got[real], want[real])
+
+
+def test_a_decision_measured_on_a_saturated_machine_is_not_kept(graphs, scripted_clock, monkeypatch):
+    """Measured while the load average exceeds the cores, the choice serves this process and no file is written."""
+    monkeypatch.setattr(auto, "saturated", lambda: "load average 9.0 on 2 cores")
+    scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001})
+    model = auto.use_auto(model_of(), cache_dir=graphs)
+    assert auto.auto_choice(model).runtime == "onnxruntime" and auto.auto_choice(model).file is None
+    assert list(graphs.glob("auto-*.json")) == []
+
+
+def test_saturation_is_read_from_the_load_average(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 7.0, 6.0))
+    assert SATURATED() == "load average 7.5 on 2 cores"
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    assert SATURATED() is None
 
 
 def test_paths_not_installed_are_not_candidates(graphs, scripted_clock, monkeypatch):

@@ -42,7 +42,9 @@ Kept. The decision is written to `auto-<key>.json` in the graph cache folder (ru
 $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx), atomically; the key hashes the model's structure (classes,
 shapes, config), the CPU (model name, vendor, flags), the thread count, the precision, the candidate paths, and the
 versions of torch, transformers, onnxruntime, openvino and hf_vanilla. A second load finds it and attaches the chosen
-engine without measuring. A file that cannot be read, is not JSON, or says anything unexpected is ignored with a
+engine without measuring. A decision measured while the machine was saturated (`saturated`: a load average above
+the cores this process may use) serves its process only and is not written. To measure again, remove the file
+(`auto_choice(model).file`). A file that cannot be read, is not JSON, or says anything unexpected is ignored with a
 warning and measured again (and rewritten); it is never trusted.
 
 What it costs. The measurement holds a copy of the model per engine path (the engines holding weights take their
@@ -60,6 +62,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import statistics
 import time
 import warnings
@@ -164,7 +167,12 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
         logger.info("runtime='auto': %s, as measured before (%s)", record.runtime, file)
     else:
         record = _measure(model, precision, threads, cache_dir, paths, left_out)
-        record.file = _write(file, record)
+        busy = saturated()
+        if busy:
+            logger.info("runtime='auto': the decision is not kept: the machine was saturated while it measured (%s); "
+                        "the next load measures again", busy)
+        else:
+            record.file = _write(file, record)
     path = BY_NAME[record.runtime]
     if path.runtime is not None:
         apply_runtime(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
@@ -430,6 +438,18 @@ def _read(file, paths: list) -> dict | None:
         warnings.warn(f"runtime='auto': ignored the kept decision {file} ({type(error).__name__}: {error}); "
                       f"measuring again.", stacklevel=4)
         return None
+
+
+def saturated() -> str | None:
+    """Why this machine is too busy for a measurement worth keeping (more runnable threads on average over the last
+    minute than cores this process may use), or None. Measured on two cores under a load of 6-9, every engine read
+    level with PyTorch where it is 2.6x faster on the quiet machine (docs/performance.md): such a decision serves the
+    process that made it, and is not written for the next."""
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):  # no load average or affinity here (not Linux): nothing to go by
+        return None
+    return f"load average {load:.1f} on {cores} cores" if load > cores else None
 
 
 def _write(file, record: AutoChoice) -> str | None:
