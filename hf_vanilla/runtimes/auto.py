@@ -21,9 +21,10 @@ another engine's pays for that engine's spinning threads, which no request to a 
 blocks in balanced orders (`measure.balanced_orders`: a Williams design, each path right after each other one
 equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed (a second or two on a quiet
 machine; a round takes longer on a busy one). A path's time at a request is the median of its best block: on a
-shared machine another process's burst only adds time, to whichever block it hits (in one round under a load of 6
-on 2 cores, every engine's single block read slower than PyTorch's on MiniLM, where OpenVINO is 2.6x faster). Its
-cost, with the attach of every path, is logged at INFO.
+shared machine another process's burst only adds time, to whichever block it hits. A machine saturated throughout
+defeats it (docs/performance.md: on 2 cores under a load of 6-9, inside a process holding some twenty engines,
+every MiniLM engine measured level with PyTorch, where OpenVINO is 2.6x faster when quiet). Its cost, with the
+attach of every path, is logged at INFO.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch,
