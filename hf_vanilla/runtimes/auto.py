@@ -57,6 +57,7 @@ for a second or two and may hand the weights to an engine, which an existing cal
 
 import copy
 import dataclasses
+import gc
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -272,6 +273,8 @@ def _measure(model, precision, threads, cache_dir, paths, left_out) -> AutoChoic
     for candidate in models.values():
         if candidate is not model:
             take_off(candidate)
+    del models, runs  # the copies and their engines (a model's size each) go now, not at some later collection
+    gc.collect()
     return record
 
 
