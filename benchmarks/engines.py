@@ -27,6 +27,13 @@ Engines, each given the same number of threads (--threads, default 2):
                     once, in its session), per request size ONNX Runtime or eager PyTorch on the engine's copy; in the
                     reduced-precision table also at precision "int8" (ONNX Runtime's int8 products, each token on its
                     own range)
+    hf_vanilla auto  ours after `hf_vanilla.runtimes.auto.use_auto(model)` (`runtime="auto"`): whichever of the
+                    paths above measured fastest at attach (a second or two, printed with its timings; cold start
+                    has the cost), per request size that engine or eager PyTorch; its float32 row also says auto /
+                    the fastest float32 engine (ours included), the issue 46 goal
+    hf_vanilla auto fastest  the same at `precision="fastest"` (int8 and bf16 paths too, at a lowest token cosine of
+                    0.984 or more on its probe); in the any-precision table against the fastest engine of all (ours
+                    included), each one's accuracy beside
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
     ORT             ONNX Runtime on our own graph (`hf_vanilla.export.export_encoder`, torch.onnx dynamo)
@@ -130,6 +137,7 @@ from benchmark import (  # noqa: E402
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.formats.marian import marian_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.parity import tolerance  # noqa: E402
+from hf_vanilla.measure import balanced_orders  # noqa: E402
 
 REFERENCE = "transformers"
 BENCH_EXTRA = 'pip install -e ".[bench]"'
@@ -320,6 +328,7 @@ class EncoderModels:
     runtime: object  # ours with use_onnx_runtime, or None
     owned: dict  # precision -> ours with use_openvino at that precision ("f32" at least, where OpenVINO is here)
     held: dict  # precision -> ours with use_onnx_runtime(owned=True) at that precision
+    auto: dict  # precision ("f32", "fastest") -> ours with use_auto at that precision
     onnx: tuple  # (plain, fused) paths, each None where its packages are missing
     ct2: Path  # or None
     # built by load_engines:
@@ -345,7 +354,7 @@ def encoder_models(name, directory, cold, threads):
         reference.save_pretrained(source)
     ours, runtime, *onnx = export_onnx(reference, directory, cold, name)
     ct2 = convert_ct2(source, directory, cold, name) if available("CT2") else None
-    return EncoderModels(name, reference, ours, runtime, {}, {}, tuple(onnx), ct2)
+    return EncoderModels(name, reference, ours, runtime, {}, {}, {}, tuple(onnx), ct2)
 
 
 def encoder_engines(models, input_ids, attention_mask):
@@ -367,6 +376,14 @@ def encoder_engines(models, input_ids, attention_mask):
             f"hf_vanilla ORT owned {precision}", precision)
         engines.append(replace(torch_encoder(name, held, input_ids, attention_mask, label),
                                warming=lambda held=held: None in runtime_choices(held).values()))
+    for precision, chosen in models.auto.items():
+        from hf_vanilla.runtimes.auto import BY_NAME, auto_choice
+        from hf_vanilla.runtimes.choice import runtime_choices
+
+        computes = BY_NAME[auto_choice(chosen).runtime].precision
+        computes = {"f32": "fp32"}.get(computes, computes)
+        engines.append(replace(torch_encoder(AUTO[precision], chosen, input_ids, attention_mask, computes),
+                               warming=lambda chosen=chosen: None in runtime_choices(chosen).values()))
     engines += [ort_encoder(name, session, input_ids, attention_mask) for name, session in models.sessions.items()]
     engines += [openvino_encoder(name, compiled, input_ids, attention_mask)
                 for name, compiled in models.openvino.items()]
@@ -401,6 +418,21 @@ def load_engines(models, threads, precisions, cold):
                 f"use_onnx_runtime(owned=True, precision={precision!r}) (export or cache, probe, session)",
                 models.label, lambda ours=ours, precision=precision: use_onnx_runtime(
                     ours, plain.parent / "cache", threads, owned=True, precision=precision))
+    if available("hf_vanilla ORT") or available("hf_vanilla OV"):
+        from hf_vanilla.runtimes.auto import auto_choice, use_auto
+
+        reference = models.reference
+        for precision in ["f32"] + (["fastest"] if precisions & {"int8", "bf16"} else []):
+            ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
+            models.auto[precision] = cold.time(
+                f"use_auto(precision={precision!r}) (every path attached and timed, then the chosen one attached)",
+                models.label, lambda ours=ours, precision=precision: use_auto(ours, precision, threads,
+                                                                              plain.parent / "cache"))
+            chosen = auto_choice(models.auto[precision])
+            print(f"  {models.label}: runtime='auto' at {precision!r} chose {chosen.runtime} in "
+                  f"{chosen.measured_s:.1f} s; ms 1x16 / padded 4x32, the engine's own call: " + ", ".join(
+                      f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in chosen.engine_ms.items()),
+                  flush=True)
     if plain is not None and available("ORT"):
         models.sessions["ORT"] = ort_session(plain, threads)
     if fused is not None:
@@ -646,20 +678,6 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
             engine.times[settle_s].append(time.perf_counter() - t0)
 
 
-def balanced_orders(n: int) -> list[list[int]]:
-    """Orders of 0..n-1 in which each one comes right after each other one equally often, and in each place equally
-    often: a Williams design (a row-complete Latin square, `n` orders for an even `n`; with the same orders reversed,
-    2n for an odd one). The orders repeat; a run of fewer rounds than one cycle is balanced as far as it goes."""
-    first, low, high = [0], 1, n - 1
-    while low <= high:
-        first.append(low)
-        if low != high:
-            first.append(high)
-        low, high = low + 1, high - 1
-    orders = [[(k + shift) % n for k in first] for shift in range(n)]
-    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
-
-
 def ratio_text(reference, engine, settle):
     low, mid, high = quartiles([r / t for r, t in zip(reference.times[settle], engine.times[settle])])
     return mid, f"{mid:.2f} [{low:.2f}-{high:.2f}]"
@@ -725,9 +743,11 @@ def cpu_header(threads):
     ]
 
 
-FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla ORT owned", "hf_vanilla OV", "hf_vanilla compiled", "ORT",
-                "ORT fused", "OpenVINO", "OV default", "CT2"]
-OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla ORT owned", "hf_vanilla OV", "hf_vanilla compiled")
+AUTO = {"f32": "hf_vanilla auto", "fastest": "hf_vanilla auto fastest"}  # use_auto's precision -> its column
+FP32_COLUMNS = ["hf_vanilla", "hf_vanilla ORT", "hf_vanilla ORT owned", "hf_vanilla OV", "hf_vanilla auto",
+                "hf_vanilla compiled", "ORT", "ORT fused", "OpenVINO", "OV default", "CT2"]
+OURS = ("hf_vanilla", "hf_vanilla ORT", "hf_vanilla ORT owned", "hf_vanilla OV", "hf_vanilla auto",
+        "hf_vanilla compiled")
 OPENVINO_DEFAULT = {}  # model -> the precision OpenVINO chose by default ("fp32" where the CPU has no bf16)
 
 
@@ -736,8 +756,8 @@ def settle_text(settle):
 
 
 FP32_HEADER = ("| case | tokens | " + " | ".join(FP32_COLUMNS) +
-               " | ours (best of ours) / best other | A/A | rounds | checks |\n" +
-               "|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---|")
+               " | ours (best of ours) / best other | auto / best float32 | A/A | rounds | checks |\n" +
+               "|---|---|" + "---:|" * len(FP32_COLUMNS) + "---:|---:|---:|---:|---|")
 
 
 def fp32_row(case, engines, reference, settle):
@@ -761,7 +781,9 @@ def fp32_row(case, engines, reference, settle):
     ours = max(v for n, v in mids.items() if n in OURS)
     others = [v for n, v in mids.items() if n not in OURS]
     vs_best = f"{ours / max(others):.2f}" if others else "-"
-    line = (f"| {case.description} | {tokens_text(case)} | {' | '.join(cells)} | {vs_best} | "
+    rivals = [v for n, v in mids.items() if n != AUTO["f32"]]
+    auto = f"{mids[AUTO['f32']] / max(rivals):.2f}" if AUTO["f32"] in mids and rivals else "-"
+    line = (f"| {case.description} | {tokens_text(case)} | {' | '.join(cells)} | {vs_best} | {auto} | "
             f"{aa_text(reference, settle)} | {len(reference.times[settle])} | {'; '.join(checks)} |")
     return line, failed
 
@@ -804,17 +826,24 @@ def print_tables(results, settles):
           "fastest of ours at that engine's accuracy or better (lowest cosine, or share of equal tokens; float32 "
           "counts as exact), the goal's comparison.\n")
     print("| case | timing | ours: fastest (accuracy) | others: fastest (accuracy) | ours / best other | ours at its "
-          "accuracy or better | ratio |")
-    print("|---|---|---|---|---:|---|---:|")
+          "accuracy or better | ratio | auto fastest / the fastest engine (accuracies) |")
+    print("|---|---|---|---|---:|---|---:|---|")
     for case, engines, reference in (r for r in results if len(r) == 3):
         for settle in settles:
             mids = {e.name: ratio_text(reference, e, settle)[0] for e in engines if e is not reference
                     and not e.name.startswith(REFERENCE)}
+            by_name = {e.name: e for e in engines}
+            fastest = AUTO["fastest"]
+            auto = "-"
+            if fastest in mids:  # against the fastest engine of all, ours included, and at what accuracy each
+                rival = max((n for n in mids if n != fastest), key=mids.get)
+                auto = (f"{mids[fastest] / mids[rival]:.2f} against {rival} "
+                        f"({compare(reference, by_name[rival], case.lengths)[1]}); auto {by_name[fastest].precision}, "
+                        f"{compare(reference, by_name[fastest], case.lengths)[1]}")
             ours = [n for n in mids if n.startswith("hf_vanilla")]
             others = [n for n in mids if n not in ours]
             if not ours or not others:
                 continue
-            by_name = {e.name: e for e in engines}
             best_ours, best_other = max(ours, key=mids.get), max(others, key=mids.get)
             level = fidelity(reference, by_name[best_other], case.lengths)
             matched = max((n for n in ours if fidelity(reference, by_name[n], case.lengths) >= level), key=mids.get)
@@ -822,7 +851,7 @@ def print_tables(results, settles):
                          for n in (best_ours, best_other, matched)}
             print(f"| {case.description} | {settle_text(settle)} | {described[best_ours]} | {described[best_other]} "
                   f"| {mids[best_ours] / mids[best_other]:.2f} | {described[matched]} "
-                  f"| {mids[matched] / mids[best_other]:.2f} |")
+                  f"| {mids[matched] / mids[best_other]:.2f} | {auto} |")
 
     print("\nMilliseconds per call (median over rounds, one figure per timing method) and each engine's first call "
           "(warm-up):\n")

@@ -6,6 +6,7 @@ the shapes, the threads and the cache, and no threshold is right on Intel and AM
     kernels.VanillaLinear    F.linear (MKL) or oneDNN's matmul, per (in, out, rows bucket, threads)
     runtimes/choice.py       an engine (ONNX Runtime, OpenVINO) or PyTorch, per request size (rows, real tokens,
                              threads)
+    runtimes/auto.py         which engine a model runs on (runtime="auto"), at attach, in blocks in balanced orders
 
 Each is a `MeasuredChoice`: an incumbent (the plain computation, which runs while nothing is decided and wherever
 the measurement is not clear) and one challenger. The first calls of a key time the candidates in turn until each
@@ -97,6 +98,13 @@ class MeasuredChoice:
                 self._decided[key] = incumbent >= self.min_gain * medians[self.challenger]
                 del self._trials[key]
 
+    def decide(self, key, challenger: bool) -> None:
+        """Decide `key` without timing it here: for a decision measured elsewhere by the same method (runtime="auto"
+        times the engines in blocks at attach, hf_vanilla/runtimes/auto.py, and keeps what it measured)."""
+        with self._lock:
+            self._trials.pop(key, None)
+            self._decided[key] = bool(challenger)
+
     def decisions(self, pending: bool = False) -> dict:
         """key -> True (challenger) / False (incumbent); with `pending`, keys still measured too, as None."""
         with self._lock:
@@ -134,6 +142,22 @@ def owner_turn(owner) -> int:
     return calls
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of 0..n-1 in which each one comes right after each other one equally often, and in each place equally
+    often: a Williams design (a row-complete Latin square, `n` orders for an even `n`; with the same orders reversed,
+    2n for an odd one). The orders repeat; a run of fewer rounds than one cycle is balanced as far as it goes. What
+    ran just before decides much of a short call's time (benchmarks/engines.py's `time_rounds` has the figures), so
+    whatever times several computations in turn (that benchmark, runtime="auto") runs them in these orders."""
+    first, low, high = [0], 1, n - 1
+    while low <= high:
+        first.append(low)
+        if low != high:
+            first.append(high)
+        low, high = low + 1, high - 1
+    orders = [[(k + shift) % n for k in first] for shift in range(n)]
+    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
+
+
 def timed_calls() -> int:
     """How many calls of any layer took part in a measurement so far (`owner_turn`): a caller timing a whole
     forward can tell whether its call also measured kernels, and was slower for it."""
@@ -156,4 +180,4 @@ def forget() -> None:
         _turns.clear()
 
 
-__all__ = ["MeasuredChoice", "clock", "decisions", "forget", "owner_turn", "timed_calls"]
+__all__ = ["MeasuredChoice", "balanced_orders", "clock", "decisions", "forget", "owner_turn", "timed_calls"]

@@ -31,22 +31,29 @@ from torch import nn
 
 
 
-def cpu_flags() -> set:
-    """The CPU feature flags /proc/cpuinfo lists (empty where it cannot be read)."""
+def _cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo ("" where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            return next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo
+                         if line.split(":", 1)[0].strip() == field), "")
     except OSError:
-        return set()
+        return ""
+
+
+def cpu_flags() -> set:
+    """The CPU feature flags /proc/cpuinfo lists (empty where it cannot be read)."""
+    return set(_cpuinfo("flags").split())
 
 
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id: "GenuineIntel", "AuthenticAMD", or "" where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
+    return _cpuinfo("vendor_id")
+
+
+def cpu_name() -> str:
+    """/proc/cpuinfo's model name ("AMD EPYC 9R45"), or "" where it cannot be read."""
+    return _cpuinfo("model name")
 
 
 def native_bf16_cpu() -> bool:
@@ -71,7 +78,12 @@ def bf16_is_fast(device=None) -> bool:
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and (_amx() or (_avx512_bf16() and cpu_vendor() == "AuthenticAMD"))
+    return device.type == "cpu" and _bf16_rule(_amx(), _avx512_bf16(), cpu_vendor())
+
+
+def _bf16_rule(amx: bool, avx512_bf16: bool, vendor: str) -> bool:
+    """bf16 is faster than float32 on a CPU with AMX, or with AVX-512 BF16 made by AMD (the module docstring)."""
+    return amx or (avx512_bf16 and vendor == "AuthenticAMD")
 
 
 # ---- int8 ---------------------------------------------------------------------------------------------------------
@@ -87,6 +99,38 @@ def weight_levels(flags=None) -> int:
     (benchmarks/engines.py) changed one greedy token in 8 x 64 at 7 bits, none at 8. `flags`: the CPU's, by default
     /proc/cpuinfo's (a test scripts them)."""
     return 127 if "avx512_vnni" in (cpu_flags() if flags is None else flags) else 63
+
+
+# The flags of an int8 product that accumulates u8 x s8 in int32 in ONNX Runtime's MLAS (what it picks by cpuid):
+# elsewhere it multiplies with vpmaddubsw, as fbgemm does without AVX-512 VNNI (`weight_levels`), and gets 7 bits.
+INT8_PRODUCTS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def cpu_capabilities(flags=None, vendor=None) -> dict:
+    """What this CPU offers the engines, read from its flags (`flags`, `vendor`: /proc/cpuinfo's by default; tests
+    script them), in one place with what each engine does with it. Everything else about which engine is faster
+    is measured on the machine (`runtime="auto"`, hf_vanilla/runtimes/auto.py), never assumed from these:
+
+    avx2         (avx2) PyTorch: float32 in 256-bit vectors, int8 (fbgemm) with vpmaddubsw, so 7-bit weights;
+                 ONNX Runtime (MLAS): the same, 7-bit weights; OpenVINO: float32
+    avx512       (avx512f, avx512bw) every engine's float32 in 512-bit vectors
+    avx512_vnni  int8 products accumulated in int32: fbgemm and MLAS use 8-bit weights; OpenVINO's int8 products
+    avx_vnni     MLAS: 8-bit weights; fbgemm has no VNNI kernel but AVX-512's: 7-bit weights
+    avx512_bf16  PyTorch's bf16 dot products: faster than float32 on AMD (Zen 4, 5), not on Intel's Cooper Lake;
+                 OpenVINO computes bf16 by default (its precision hint); ONNX Runtime's CPU engine float32 only
+    amx          (amx_bf16, amx_int8) bf16 tiles, 2.9-4.1x float32 in PyTorch; MLAS's int8 on amx_int8; OpenVINO
+                 bf16 by default
+
+    Returns the capabilities (True / False) and what follows from them: `bf16_fast` (`bf16_is_fast`'s rule, from
+    these flags), `fbgemm_int8_bits` (`weight_levels`), `mlas_int8_bits` (INT8_PRODUCTS)."""
+    flags = cpu_flags() if flags is None else set(flags)
+    vendor = cpu_vendor() if vendor is None else vendor
+    found = {"avx2": "avx2" in flags, "avx512": {"avx512f", "avx512bw"} <= flags,
+             "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
+             "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags or "amx_int8" in flags}
+    return found | {"bf16_fast": _bf16_rule("amx_bf16" in flags, found["avx512_bf16"], vendor),
+                    "fbgemm_int8_bits": 8 if weight_levels(flags) == 127 else 7,
+                    "mlas_int8_bits": 8 if flags & INT8_PRODUCTS else 7}
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")  # every layer's W^Q, W^K, W^V, W^O, W1, W2
 
@@ -322,5 +366,5 @@ def _quantize_vocabulary(model) -> None:
         setattr(module, name, lookups[id(embedding)])
 
 
-__all__ = ["Int8Embedding", "Int8Linear", "bf16_is_fast", "cpu_flags", "cpu_vendor", "native_bf16_cpu", "quantize_int8",
-           "weight_levels"]
+__all__ = ["INT8_PRODUCTS", "Int8Embedding", "Int8Linear", "bf16_is_fast", "cpu_capabilities", "cpu_flags", "cpu_name",
+           "cpu_vendor", "native_bf16_cpu", "quantize_int8", "weight_levels"]

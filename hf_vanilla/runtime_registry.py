@@ -21,6 +21,7 @@ _ONNX_EXTRA = 'pip install "hf_vanilla[onnx]"'
 _RUNTIMES = {
     "onnxruntime": ("hf_vanilla.runtimes.onnxruntime:use_onnx_runtime", _ONNX_EXTRA),
     "openvino": ("hf_vanilla.runtimes.openvino:use_openvino", 'pip install "hf_vanilla[openvino]"'),
+    "auto": ("hf_vanilla.runtimes.auto:use_auto", _ONNX_EXTRA),  # the fastest of those installed, measured here
 }
 
 

@@ -9,6 +9,8 @@ model never imports it: hf_vanilla/runtime_registry.py names each engine and imp
     onnxruntime/      ONNX Runtime for the encoders, fed the model's own weights (`runtime="onnxruntime"`), or
                       holding the encoder bodies' weights, at float32 or int8 (`runtime_options={"owned": True}`)
     openvino/         OpenVINO for the encoder bodies, holding their weights (`runtime="openvino"`)
+    auto.py           whichever of those (or eager PyTorch) measured fastest for the model on this machine, the
+                      decision kept beside the graphs (`runtime="auto"`)
 
 What they share, a room per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
 

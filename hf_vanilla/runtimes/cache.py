@@ -107,15 +107,8 @@ class GraphCache:
         if self.directory is None:
             self._cannot_write(self.error)
             return
-        final = self.directory / f"encoder-{key}-{hashlib.sha256(data).hexdigest()[:16]}.onnx"
-        staging = self.directory / f".export-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}.onnx"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            try:
-                staging.write_bytes(data)
-                os.replace(staging, final)  # atomic: a reader sees the whole graph or none
-            finally:
-                staging.unlink(missing_ok=True)
+            write_atomic(self.directory / f"encoder-{key}-{hashlib.sha256(data).hexdigest()[:16]}.onnx", data)
         except OSError as error:
             self._cannot_write(error)
 
@@ -137,7 +130,7 @@ class GraphCache:
         """Remove this cache's own `.export-<host>-<pid>-<8 hex>.onnx` files of processes that died mid-write: this
         host's, when their process is gone; another host's, once a day old."""
         host = socket.gethostname()
-        for path in self.directory.glob(".export-*.onnx"):
+        for path in self.directory.glob(".export-*"):
             match = STAGING_NAME.fullmatch(path.name)
             if not match or not _ours(path, STAGING_NAME):
                 continue
@@ -161,7 +154,19 @@ class GraphCache:
 
 # The only names the cache writes, and so the only ones it removes: regular files, never folders or links.
 GRAPH_NAME = re.compile(r"encoder-[0-9a-f]{32}-[0-9a-f]{16}\.onnx")
-STAGING_NAME = re.compile(r"\.export-(.+)-(\d+)-[0-9a-f]{8}\.onnx")
+STAGING_NAME = re.compile(r"\.export-(.+)-(\d+)-[0-9a-f]{8}\.(?:onnx|json)")
+
+
+def write_atomic(final: Path, data: bytes) -> None:
+    """Write `data` as `final`, atomically (`.export-<host>-<pid>-<8 hex><suffix>` beside it, then a rename): a
+    reader sees the whole file or none, and two writers leave one whole file. Raises OSError where it cannot."""
+    staging = final.parent / f".export-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}{final.suffix}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.write_bytes(data)
+        os.replace(staging, final)
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def _ours(path: Path, name: re.Pattern) -> bool:

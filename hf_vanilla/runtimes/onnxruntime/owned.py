@@ -28,7 +28,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from ...precision import cpu_flags
+from ...precision import INT8_PRODUCTS, cpu_flags
 from ..owned import OwnedEncoder
 from .engine import session_for
 
@@ -86,10 +86,6 @@ def with_weights(graph: onnx.ModelProto, tensors: dict) -> onnx.ModelProto:
 def _swaps(node) -> bool:
     perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), None)
     return perm in (None, [1, 0])
-
-
-# CPU flags of an int8 product that accumulates u8 x s8 in int32 (what MLAS picks by cpuid).
-INT8_PRODUCTS = {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 def quantized(graph: onnx.ModelProto) -> onnx.ModelProto:
