@@ -15,6 +15,7 @@ keywords only. Shapes follow `transformer.py`'s key (B, T, S, E, V).
 
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -117,11 +118,17 @@ class VanillaPreTrainedModel(PreTrainedModel):
 
     def _causal_lm_loss(self, logits, labels, shift_labels=None):
         """Next-token cross-entropy: position t against labels[t + 1], or against `shift_labels[t]` when the caller
-        shifted them already (as sequence and context parallelism must, each process holding a slice)."""
+        shifted them already (as sequence and context parallelism must, each process holding a slice). `logits`
+        from `token_logits`: the real tokens' alone are scored where the padding-free path skipped padding."""
         if labels is None and shift_labels is None:
             return None
         check_labels(shift_labels, self.config.vocab_size, "vocab_size")
-        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
+        if shift_labels is None:
+            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t's next token
+        scores = logits.all
+        if logits.real is not None:  # (1, N, V) and (1, N): the real tokens alone
+            scores, shift_labels = logits.packed[None], shift_labels[logits.real.to(shift_labels.device)][None]
+        return self.loss_function(scores, None, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
 
     def _classification_loss(self, logits, labels):
         """Sequence classification's loss: regression (MSE), single-label (cross-entropy) or multi-label (binary
@@ -138,6 +145,38 @@ def no_cache_for_labels(use_cache, labels):
     """A forward with labels and no word on the cache builds none, as BART's generation head does: a training step
     reads no cache, and without one a padded batch runs padding-free (packing.py)."""
     return False if use_cache is None and labels is not None else use_cache
+
+
+class TokenLogits(NamedTuple):
+    """A language-model head's scores at every position, `all` (B, T, V), and, where the padding-free path left
+    padding positions exactly zero, the real tokens' own rows: `packed` (N, V) at the (B, T) mask `real`."""
+
+    all: torch.Tensor
+    packed: torch.Tensor | None = None
+    real: torch.Tensor | None = None
+
+
+def token_logits(lm_head, hidden_states):
+    """`lm_head` at every position, (B, T, E) -> TokenLogits, computed on the real tokens alone where the body ran
+    padding-free (packing.py): its padding positions hold exact zeros, which all score `lm_head(0)`, computed once.
+    With a large vocabulary the output projection costs as much per token as the layers: scoring padding would
+    spend on it what the padding-free layers saved. The loss then reads the N real rows alone."""
+    real = None if is_tracing() else hidden_states.detach().ne(0).any(-1)  # (B, T)
+    if real is None or bool(real.all()):
+        return TokenLogits(lm_head(hidden_states))
+    B, T, E = hidden_states.shape
+    packed = lm_head(hidden_states[real])  # (N, V)
+    logits = lm_head(hidden_states.new_zeros(1, E)).expand(B * T, -1).clone()  # (B * T, V): lm_head(0) everywhere
+    logits[real.flatten()] = packed
+    return TokenLogits(logits.view(B, T, -1), packed, real)
+
+
+def token_cross_entropy(logits: TokenLogits, labels):
+    """`cross_entropy` of a language-model head's `TokenLogits`: over the real tokens' rows alone where it has them
+    (the others carry no label, or the padded path would score them the same)."""
+    if labels is None or logits.real is None:
+        return cross_entropy(logits.all, labels)
+    return cross_entropy(logits.packed, labels[logits.real.to(labels.device)])
 
 
 def cross_entropy(logits, labels):
@@ -287,8 +326,9 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states,
                            **packed_format(kwargs))
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._output(MaskedLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        return self._output(MaskedLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
+                            logits=logits.all)
 
 
 class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
@@ -320,9 +360,9 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states, cache=one_cache(cache, past_key_values),
                            use_cache=no_cache_for_labels(use_cache, labels), **packed_format(kwargs))
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
-        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 
 
 @dataclass
@@ -709,8 +749,9 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
                          output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                          return_dict=True, position_ids=position_ids, decoder_position_ids=decoder_position_ids,
                          **packed_format(kwargs))
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._output(Seq2SeqLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        return self._output(Seq2SeqLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
+                            logits=logits.all)
 
 
 class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
@@ -846,9 +887,9 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
                          inputs_embeds=inputs_embeds, cache=one_cache(cache, past_key_values),
                          use_cache=no_cache_for_labels(use_cache, labels), output_attentions=output_attentions,
                          output_hidden_states=output_hidden_states, return_dict=True, **packed_format(kwargs))
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
-        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 
 
 # The public classes: the base, and every model `heads.py` declares (each defined above).
