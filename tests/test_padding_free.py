@@ -18,7 +18,7 @@ from transformers import BertConfig, BertModel, DataCollatorWithFlattening
 
 import hf_vanilla.transformer as transformer_module
 from hf_vanilla import (
-    VanillaDecoderForCausalLM, VanillaEncoderConfig, VanillaEncoderForSequenceClassification,
+    VanillaDecoderForCausalLM, VanillaEncoderConfig, VanillaEncoderForMaskedLM, VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification, VanillaEncoderModel, VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
 )
@@ -323,3 +323,21 @@ def test_seq2seq_trains_padding_free_on_padded_batches(attn, monkeypatch):
     assert_close(out.loss, expected.loss.detach(), msg="loss")
     if trains(attn):
         assert_same_gradients(actual_gradients, expected_gradients)
+
+
+def test_masked_lm_scores_the_real_tokens_alone(monkeypatch):
+    """The output projection runs on the real tokens alone where the body ran padding-free (token_logits), and the
+    loss reads them: the padded path's logits at real tokens, its loss and every gradient."""
+    model = randomised(VanillaEncoderForMaskedLM(encoder_config())).train()
+    input_ids, mask = padded(sequences(11), pad=0)
+    labels = input_ids.masked_fill((mask == 0) | (torch.arange(input_ids.shape[1]) % 3 != 1), -100)
+    calls = recording_packs(monkeypatch)
+    expected, expected_gradients = training_step(model, "sdpa", input_ids=input_ids, attention_mask=mask,
+                                                 labels=labels, output_attentions=True)
+    assert not calls
+    out, actual_gradients = training_step(model, "sdpa", input_ids=input_ids, attention_mask=mask, labels=labels)
+    assert calls
+    real = mask.bool()
+    assert_close(out.logits[real], expected.logits[real].detach(), msg="logits at real tokens")
+    assert_close(out.loss, expected.loss.detach(), msg="loss")
+    assert_same_gradients(actual_gradients, expected_gradients)
