@@ -61,7 +61,10 @@ def sequence_ids(shape, position_ids, attention_mask=None, packed_format=None):
     if position_ids is not None:
         position_ids = position_ids.expand(shape)
     if is_tracing():
-        return None if position_ids is None or attention_mask is not None else _restarts(position_ids)
+        if position_ids is None:  # boundaries read from values alone cannot be traced
+            raise ValueError(f"While tracing or exporting, packed sequences are told apart by position_ids (restarting "
+                             f"at each sequence), not by {', '.join(explicit)}: pass position_ids.")
+        return None if attention_mask is not None else _restarts(position_ids)
     candidates = []  # (name, ids (B, T))
     cu_q, cu_k = packed_format.get("cu_seq_lens_q"), packed_format.get("cu_seq_lens_k")
     if cu_q is not None or cu_k is not None:
