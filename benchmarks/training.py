@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One optimizer step of hf_vanilla against transformers on the same weights: what padding-free training buys.
 
-    python benchmarks/training.py                              # every case (about 15 minutes on 2 cores)
+    python benchmarks/training.py                              # every case (over 40 minutes on 2 busy cores)
     python benchmarks/training.py --cases minilm-long,seq2seq  # a selection; --list names them
     python benchmarks/training.py --rounds 3 --json out.json   # fewer rounds; the figures as JSON too
 
