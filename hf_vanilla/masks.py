@@ -8,10 +8,12 @@ mask of its attention (`self_attention_mask`, causal in the decoder; `cross_atte
 source). transformers keeps its own in `masking_utils`; these are the model's, in one convention: 1/True attends,
 0/False does not, converted to additive 0 / the dtype's minimum once (`additive_mask`).
 
-The other padding-free format arrives packed already: sequences laid end to end in one row, without an
-attention_mask, their `position_ids` restarting at each new sequence. `sequence_ids` tells them apart, for the causal
-mask to keep each one to itself.
+The other padding-free format arrives packed already: sequences laid end to end in one row (transformers'
+`DataCollatorWithFlattening`). packing.py runs it without a mask; where it cannot (tracing, attention maps, a cache),
+the masks here keep each sequence to itself, given which sequence each token belongs to (packing.sequence_ids).
 """
+
+import functools
 
 import torch
 from torch import nn
@@ -39,13 +41,15 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
     - Causal (the decoder, section 3.2.3): query t, at absolute position past_length + t, sees keys
       0..past_length + t and never the future. A static cache holds `key_length` slots, the unused ones in the
       future of every query, so causality hides them too.
-    - `sequences` (B, T), for sequences packed end to end in a row (`sequence_ids`): a causal query also sees
-      only the keys of its own sequence.
+    - `sequences` (B, T), for sequences packed end to end in a row (packing.sequence_ids): a query sees only the
+      keys of its own sequence.
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask.to(dtype) if attention_mask.is_floating_point() else additive_mask(attention_mask, dtype)
     padded = has_padding(attention_mask)
     if not causal:
+        if sequences is not None:  # no padding mask beside packed sequences (packing.sequence_ids refuses both)
+            return additive_mask((sequences[:, :, None] == sequences[:, None, :])[:, None], dtype)  # (B, 1, T, T)
         return additive_mask(attention_mask[:, None, None, :], dtype) if padded else None  # (B, 1, 1, S)
     if query_length == 1 and not padded and isinstance(past_length, int) and key_length == past_length + 1:
         return None  # one new token may see every key: nothing to mask
@@ -63,9 +67,30 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
     return additive_mask(allowed, dtype)
 
 
-def cross_attention_mask(encoder_attention_mask, dtype):
+@functools.lru_cache(maxsize=256)
+def sequence_causal_mask(length: int, dtype, device, implementation: str):
+    """The causal mask of one sequence of `length` tokens alone (section 3.2.3), as the padding-free path passes it
+    to every call for sequences of that length, in the form the attention implementation reads: a `BlockMask` for
+    flex_attention (transformers' flex function indexes a tensor mask per batch row, which crashes on CPU in torch
+    2.13 when the mask is shared by the rows), else the additive (1, 1, L, L). Kept across calls: the same few
+    lengths come back at every layer and every step."""
+    if implementation == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device=device)
+    return self_attention_mask(None, length, 0, length, True, dtype, device)
+
+
+def cross_attention_mask(encoder_attention_mask, dtype, sequences=None, encoder_sequences=None):
     """The additive mask (B, 1, 1, S) cross-attention adds to its scores: the source's padding keys hidden (section
-    3.2.3: every target position attends over all source positions), or None without a source mask."""
+    3.2.3: every target position attends over all source positions), or None without a source mask. With packed
+    sequences (`sequences` (B, T) for the target, `encoder_sequences` (B, S) for the source), target sequence i reads
+    source sequence i alone: (B, 1, T, S)."""
+    if sequences is not None and encoder_sequences is not None:
+        same = sequences[:, :, None] == encoder_sequences[:, None, :]  # (B, T, S)
+        if encoder_attention_mask is not None:
+            same = same & encoder_attention_mask.bool()[:, None, :]
+        return additive_mask(same[:, None], dtype)  # (B, 1, T, S)
     return None if encoder_attention_mask is None else additive_mask(encoder_attention_mask[:, None, None, :], dtype)
 
 
@@ -74,21 +99,6 @@ def has_padding(mask) -> bool:
     without a mask, bit for bit what it gives without `attention_mask`. (Always True while tracing, where the
     graph must not depend on the mask's values.)"""
     return mask is not None and (is_tracing() or not mask.all())
-
-
-def sequence_ids(position_ids):
-    """Which sequence each token belongs to, (B, T), for sequences laid end to end in one row and told apart only by
-    their `position_ids` restarting: transformers' padding-free format (`DataCollatorWithFlattening`, no
-    attention_mask), which its causal masks honour the same way (`find_packed_sequence_indices`). A token starts a
-    new sequence wherever its position is not its predecessor's plus one. None when no row restarts (always a tensor
-    while tracing, where the graph must not branch on values).
-
-    position_ids: (B, T). E.g. [[0, 1, 2, 0, 1]] -> [[0, 0, 0, 1, 1]]."""
-    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)  # (B, T): the first token continues
-    ids = (position_ids != previous + 1).cumsum(-1)  # (B, T)
-    if not is_tracing() and not ids[:, -1].any():
-        return None
-    return ids
 
 
 # ---- checks, before anything runs (validation.check_inputs) -------------------------------------------------------
@@ -140,4 +150,4 @@ def check_mask_values(name, mask):
 
 
 __all__ = ["additive_mask", "check_mask_shape", "check_mask_values", "cross_attention_mask", "has_padding",
-           "self_attention_mask", "sequence_ids"]
+           "self_attention_mask", "sequence_causal_mask"]

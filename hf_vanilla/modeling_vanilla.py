@@ -15,6 +15,7 @@ keywords only. Shapes follow `transformer.py`'s key (B, T, S, E, V).
 
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +33,8 @@ from transformers.modeling_outputs import (
 from .compat import one_cache, resized_embeddings
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .heads import MODELS
-from .kernels import VanillaLinear
+from .kernels import VanillaLinear, is_tracing
+from .packing import FORMAT_KEYWORDS, first_tokens, sequence_ids
 from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
@@ -120,16 +122,65 @@ class VanillaPreTrainedModel(PreTrainedModel):
 
     def _causal_lm_loss(self, logits, labels, shift_labels=None):
         """Next-token cross-entropy: position t against labels[t + 1], or against `shift_labels[t]` when the caller
-        shifted them already (as sequence and context parallelism must, each process holding a slice)."""
+        shifted them already (as sequence and context parallelism must, each process holding a slice). `logits`
+        from `token_logits`: the real tokens' alone are scored where the padding-free path skipped padding."""
         if labels is None and shift_labels is None:
             return None
         check_labels(shift_labels, self.config.vocab_size, "vocab_size")
-        return self.loss_function(logits, labels, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
+        if shift_labels is None:
+            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t's next token
+        scores = logits.all
+        if logits.real is not None:  # (1, N, V) and (1, N): the real tokens alone
+            scores, shift_labels = logits.packed[None], shift_labels[logits.real.to(shift_labels.device)][None]
+        return self.loss_function(scores, None, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
 
     def _classification_loss(self, logits, labels):
         """Sequence classification's loss: regression (MSE), single-label (cross-entropy) or multi-label (binary
         cross-entropy), by `config.problem_type`, which transformers sets from the first labels it sees."""
         return None if labels is None else self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+
+
+def packed_format(kwargs):
+    """transformers' packed-format keywords among a forward's `kwargs` (packing.FORMAT_KEYWORDS), for the body."""
+    return {name: kwargs[name] for name in FORMAT_KEYWORDS if name in kwargs}
+
+
+def no_cache_for_labels(use_cache, labels):
+    """A forward with labels and no word on the cache builds none, as BART's generation head does: a training step
+    reads no cache, and without one a padded batch runs padding-free (packing.py)."""
+    return False if use_cache is None and labels is not None else use_cache
+
+
+class TokenLogits(NamedTuple):
+    """A language-model head's scores at every position, `all` (B, T, V), and, where the padding-free path left
+    padding positions exactly zero, the real tokens' own rows: `packed` (N, V) at the (B, T) mask `real`."""
+
+    all: torch.Tensor
+    packed: torch.Tensor | None = None
+    real: torch.Tensor | None = None
+
+
+def token_logits(lm_head, hidden_states):
+    """`lm_head` at every position, (B, T, E) -> TokenLogits, computed on the real tokens alone where the body ran
+    padding-free (packing.py): its padding positions hold exact zeros, which all score `lm_head(0)`, computed once.
+    With a large vocabulary the output projection costs as much per token as the layers: scoring padding would
+    spend on it what the padding-free layers saved. The loss then reads the N real rows alone."""
+    real = None if is_tracing() else hidden_states.detach().ne(0).any(-1)  # (B, T)
+    if real is None or bool(real.all()):
+        return TokenLogits(lm_head(hidden_states))
+    B, T, E = hidden_states.shape
+    packed = lm_head(hidden_states[real])  # (N, V)
+    logits = lm_head(hidden_states.new_zeros(1, E)).expand(B * T, -1).clone()  # (B * T, V): lm_head(0) everywhere
+    logits[real.flatten()] = packed
+    return TokenLogits(logits.view(B, T, -1), packed, real)
+
+
+def token_cross_entropy(logits: TokenLogits, labels):
+    """`cross_entropy` of a language-model head's `TokenLogits`: over the real tokens' rows alone where it has them
+    (the others carry no label, or the padded path would score them the same)."""
+    if labels is None or logits.real is None:
+        return cross_entropy(logits.all, labels)
+    return cross_entropy(logits.packed, labels[logits.real.to(labels.device)])
 
 
 def cross_entropy(logits, labels):
@@ -213,8 +264,16 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds,
                            past_key_values=one_cache(cache, past_key_values), use_cache=use_cache,
-                           output_attentions=output_attentions, output_hidden_states=output_hidden_states)
-        pooled = torch.tanh(self.pooler(out.last_hidden_state[:, 0])) if self.pooler is not None else None  # (B, E)
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
+        pooled = None
+        if self.pooler is not None:
+            # One pooled state per sequence: per row, or per sequence of transformers' packed format (count, E).
+            sequences = None if is_tracing() else sequence_ids(out.last_hidden_state.shape[:2], position_ids,
+                                                               attention_mask, kwargs)
+            first = (out.last_hidden_state[:, 0] if sequences is None
+                     else out.last_hidden_state.flatten(0, 1)[first_tokens(sequences)])  # (B, E) or (count, E)
+            pooled = torch.tanh(self.pooler(first))
         return self._output(BaseModelOutputWithPoolingAndCrossAttentions, out, return_dict, pooler_output=pooled)
 
 
@@ -231,7 +290,20 @@ class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
 
     def _encode(self, **inputs):
         """The encoder's output for the head to read, always a ModelOutput (the head returns its own as a tuple
-        where asked). Keywords only: `VanillaEncoderModel.forward`'s."""
+        where asked). Keywords only: `VanillaEncoderModel.forward`'s, and transformers' packed-format keywords
+        (packing.FORMAT_KEYWORDS) among the head's own `kwargs`.
+
+        A head that reads one state per row ([CLS]) refuses transformers' packed format (several sequences in a
+        row): its labels are one per sequence, which DataCollatorWithFlattening does not carry."""
+        if self.uses_pooler:
+            ids = inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"]
+            if ids is not None and not is_tracing() and sequence_ids(
+                    ids.shape[:2], inputs.get("position_ids"), inputs.get("attention_mask"), inputs) is not None:
+                raise ValueError(
+                    f"{type(self).__name__} reads one [CLS] state per row, and these inputs pack several sequences "
+                    "in a row (transformers' DataCollatorWithFlattening: position_ids restarting, cu_seq_lens or "
+                    "seq_idx). Pass a padded batch (DataCollatorWithPadding): it runs padding-free here already."
+                )
         return self.model(**inputs, return_dict=True)
 
     def _sentence(self, out):
@@ -256,9 +328,11 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
         check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._output(MaskedLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        return self._output(MaskedLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
+                            logits=logits.all)
 
 
 class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
@@ -289,10 +363,10 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states, cache=one_cache(cache, past_key_values),
-                           use_cache=use_cache)
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+                           use_cache=no_cache_for_labels(use_cache, labels), **packed_format(kwargs))
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
-        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 
 
 @dataclass
@@ -327,7 +401,8 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
         check_labels(next_sentence_label, 2, "the two next-sentence classes")
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = None if labels is None or next_sentence_label is None else (
@@ -353,7 +428,8 @@ class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
         check_labels(labels, 2, "the two next-sentence classes")
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = cross_entropy(logits, labels)
         return self._output(NextSentencePredictorOutput, out, return_dict, loss=loss, logits=logits)
@@ -378,7 +454,8 @@ class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
         check_sequence_labels(self.config, labels)
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         logits = self.classifier(self.dropout(self._sentence(out)))  # (B, num_labels)
         loss = self._classification_loss(logits, labels)
         return self._output(SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -409,7 +486,8 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
         out = self._encode(input_ids=flat(input_ids), attention_mask=flat(attention_mask),
                            token_type_ids=flat(token_type_ids), position_ids=flat(position_ids),
                            inputs_embeds=flat(inputs_embeds), output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         logits = self.classifier(self.dropout(self._sentence(out))).view(B, C)  # (B * C, 1) -> (B, C)
         return self._output(MultipleChoiceModelOutput, out, return_dict, loss=cross_entropy(logits, labels),
                             logits=logits)
@@ -430,7 +508,8 @@ class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
         check_labels(labels, self.num_labels, "num_labels")
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
         return self._output(TokenClassifierOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
@@ -451,7 +530,8 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
         return self._output(QuestionAnsweringModelOutput, out, return_dict, loss=loss, start_logits=start_logits,
@@ -504,7 +584,8 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
             check_token_labels(labels, inputs.shape[:2], "1 where the token was replaced, 0 where it is the original")
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states,
+                           **packed_format(kwargs))
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = replaced_token_loss(logits, labels, attention_mask)
         return self._output(TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -515,13 +596,28 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int):
+def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int, position_ids=None):
     """Teacher forcing: the decoder reads the target shifted one step right, starting from the start token, and
-    learns to predict the unshifted target. -100 (ignored) label positions are read as padding."""
+    learns to predict the unshifted target. -100 (ignored) label positions are read as padding. Targets packed end
+    to end (`position_ids` restarting, transformers' packed format) each start from the start token."""
     shifted = labels.new_zeros(labels.shape)
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
+    sequences = sequence_ids(labels.shape, position_ids) if position_ids is not None else None
+    if sequences is not None:
+        starts = torch.ones_like(sequences, dtype=torch.bool)
+        starts[:, 1:] = sequences[:, 1:] != sequences[:, :-1]  # (B, T): the first token of each packed target
+        shifted = shifted.masked_fill(starts, decoder_start_token_id)
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def labelled_prefix(labels):
+    """(B, T) 1/0: the decoder positions up to each row's last label. Computed with it as the decoder's
+    attention_mask, every labelled position reads what it reads without it (the rest is in its future), and a
+    padded target batch runs padding-free (packing.py)."""
+    labelled = labels != -100
+    last = torch.where(labelled, torch.arange(labels.shape[-1], device=labels.device), -1).amax(-1)  # (B,)
+    return (torch.arange(labels.shape[-1], device=labels.device) <= last[:, None]).long()
 
 
 class VanillaSeq2SeqModel(VanillaPreTrainedModel):
@@ -553,29 +649,39 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, cache=None, **kwargs):
+                return_dict=None, cache=None, position_ids=None, decoder_position_ids=None, **kwargs):
         """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
         segments. `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from
         `return_dict=False`. Returns the decoder's last_hidden_state (B, T, E), the encoder's (B, S, E), and the
-        cache, hidden states and attention weights of both stacks when asked."""
+        cache, hidden states and attention weights of both stacks when asked.
+
+        Packed pairs (transformers' padding-free format, without attention masks): sources end to end with
+        `position_ids` restarting at 0 at each, targets likewise with `decoder_position_ids`; target i reads source
+        i. (`cu_seq_lens_*` cannot say which boundaries are whose here, and are refused.)"""
+        if packed_format(kwargs):
+            raise ValueError(
+                f"{', '.join(packed_format(kwargs))} cannot tell source boundaries from target ones: pass packed "
+                "pairs as position_ids (sources) and decoder_position_ids (targets), each restarting at 0."
+            )
         past_key_values = one_cache(cache, past_key_values)  # `cache` since transformers 5.24
         if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
-                                                   self.config.decoder_start_token_id)
+                                                   self.config.decoder_start_token_id, position_ids)
+            decoder_position_ids = position_ids if decoder_position_ids is None else decoder_position_ids
         if encoder_outputs is None:
             # The target is checked first, so that a bad target stops the call before the encoder's kernels run.
             check_target(self.config, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, past_key_values)
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                           token_type_ids=token_type_ids, inputs_embeds=inputs_embeds,
-                                           output_attentions=output_attentions,
+                                           token_type_ids=token_type_ids, position_ids=position_ids,
+                                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
         elif not isinstance(encoder_outputs, ModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_out = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
-            encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values, use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            position_ids=decoder_position_ids, encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask, encoder_position_ids=position_ids, past_key_values=past_key_values,
+            use_cache=use_cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         # The decoder's last_hidden_state, past_key_values and cross_attentions carry over by name; the rest:
         return self._output(Seq2SeqModelOutput, decoder_out, return_dict,
@@ -627,22 +733,29 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, cache=None, **kwargs):
-        """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right.
+                output_hidden_states=None, return_dict=None, cache=None, position_ids=None, decoder_position_ids=None,
+                **kwargs):
+        """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right (each packed
+        target's from its start, with `decoder_position_ids`: `VanillaSeq2SeqModel` says how pairs pack).
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
         `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
-            decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+            decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id,
+                                                   decoder_position_ids)
+            if decoder_attention_mask is None and decoder_position_ids is None and not is_tracing():
+                decoder_attention_mask = labelled_prefix(labels)  # targets padded with -100 run padding-free
             use_cache = False
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                          decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
                          cache=one_cache(cache, past_key_values), token_type_ids=token_type_ids,
                          inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
                          output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
-        return self._output(Seq2SeqLMOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
+                         return_dict=True, position_ids=position_ids, decoder_position_ids=decoder_position_ids,
+                         **packed_format(kwargs))
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        return self._output(Seq2SeqLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
+                            logits=logits.all)
 
 
 class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
@@ -750,7 +863,7 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            inputs_embeds=inputs_embeds, past_key_values=one_cache(cache, past_key_values),
                            use_cache=use_cache, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states, **packed_format(kwargs))
         return self._output(BaseModelOutputWithPastAndCrossAttentions, out, return_dict)
 
 
@@ -775,12 +888,12 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         `use_cache`, the key/value cache for the next step (`cache`, or `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         inputs_embeds=inputs_embeds, cache=one_cache(cache, past_key_values), use_cache=use_cache,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
-        logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
+                         inputs_embeds=inputs_embeds, cache=one_cache(cache, past_key_values),
+                         use_cache=no_cache_for_labels(use_cache, labels), output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True, **packed_format(kwargs))
+        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
-        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits)
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 
 
 # The public classes: the base, and every model `heads.py` declares (each defined above).

@@ -1,21 +1,30 @@
-"""Padding-free execution of a padded batch.
+"""Padding-free execution: sequences laid end to end, attention within each.
 
 A padded batch of natural text is often two-thirds padding. Everything in a transformer layer but attention works
 on each position alone (embeddings, the Q/K/V/O projections, the feed-forward, LayerNorm), so it can run on the N
 real tokens of the batch laid end to end as one (N, E) tensor, and skip the padding entirely. Attention mixes
 positions, so it runs within each sequence: neighbouring sequences of equal length are one (count, H, L, D) view of
-the packed tensor, without a copy, and share one kernel call (the rows are laid end to end shortest first where that
-makes more of them neighbours), so a mostly full batch, or many sentences of a few lengths, costs a few calls rather
-than one per row. The result is scattered back to (B, T, E) once, at the end.
+the packed tensor, without a copy, and share one kernel call (the sequences are laid end to end shortest first where
+that makes more of them neighbours), so a mostly full batch, or many sentences of a few lengths, costs a few calls
+rather than one per sequence. The result is scattered back to (B, T, E) once, at the end.
+
+Two inputs arrive this way:
+- a padded batch: a 2-D `attention_mask` whose every row starts with a real token (right padding, as BERT-family
+  tokenizers pad); each row's real tokens are one sequence;
+- transformers' padding-free format (`DataCollatorWithFlattening`): sequences end to end in one row, no
+  attention_mask, told apart by `position_ids` restarting at 0, and optionally by the flash-attention keywords
+  `cu_seq_lens_q/k` (cumulative lengths over the flattened tokens) or by `seq_idx` (the sequence of each token).
+  transformers' sdpa and eager models honour that format only in causal masks; an encoder run there attends across
+  sequences. Here every family honours it, in every attention implementation, and a combination that cannot be
+  told apart (an attention_mask beside explicit boundaries, boundaries that disagree) is refused.
 
 What it guarantees: at every real token the output equals the padded computation's up to float32 rounding (the
-same sums over the same keys, in another kernel); padding positions come back as zeros. It is used only where
-nothing else can differ: an encoder (no causal mask, no cache), a 2-D padding mask whose every row starts with a
-real token (what the heads read at position 0 is then a real token's state on both paths), no attention maps
-asked for, and not while tracing or exporting (shapes here depend on the mask's values).
-
-The other padding-free format (sequences packed end to end in one row, told apart by their positions) is a mask's
-matter: masks.sequence_ids.
+same sums over the same keys, in another kernel); padding positions come back as zeros. A causal stack attends to
+the past of its own sequence; cross-attention reads the source sequence of the same index (the same row of a padded
+batch, or the i-th source of a packed one). It is used only where nothing else can differ: no key/value cache, no
+attention maps asked for, and not while tracing or exporting (shapes here depend on the mask's values). There, the
+packed format still holds through a mask (masks.self_attention_mask's `sequences`): quadratic in the row, but never
+across sequences.
 """
 
 import itertools
@@ -23,15 +32,114 @@ import itertools
 import torch
 
 from .kernels import is_tracing
+from .masks import sequence_causal_mask
+
+# The keywords of transformers' padding-free format besides `position_ids` (FlashAttentionKwargs and `seq_idx`).
+FORMAT_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
-def can_pack(attention_mask, output_attentions: bool) -> bool:
-    """Whether an encoder's batch runs padding-free (see the module docstring for the conditions)."""
+def sequence_ids(shape, position_ids, attention_mask=None, packed_format=None):
+    """Which sequence each token belongs to, (B, T) (equal ids in a row: one sequence), for transformers'
+    padding-free format; None for an ordinary batch (one sequence per row).
+
+    The boundaries are read from, in this order, `cu_seq_lens_q/k` (cumulative lengths over the B*T flattened
+    tokens), `seq_idx` (B, T), and `position_ids` (B, T) restarting: a token starts a new sequence wherever its
+    position is not its predecessor's plus one, as transformers' causal masks read it (`find_packed_sequence_indices`),
+    and only without an attention_mask, as there. Where several are given they must agree. E.g. position_ids
+    [[0, 1, 2, 0, 1]] -> [[0, 0, 0, 1, 1]]. While tracing the boundaries come from position_ids alone and are
+    always a tensor (a graph must not branch on values)."""
+    packed_format = {k: v for k, v in (packed_format or {}).items() if k in FORMAT_KEYWORDS and v is not None}
+    explicit = {k: packed_format[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx") if k in packed_format}
+    if explicit and attention_mask is not None:
+        raise ValueError(
+            f"Got both attention_mask and {', '.join(explicit)}: a padded batch or transformers' padding-free format "
+            "(DataCollatorWithFlattening), not both. Drop attention_mask for packed sequences, or the packed "
+            "keywords for a padded batch."
+        )
+    if position_ids is None and not explicit:
+        return None
+    if position_ids is not None:
+        position_ids = position_ids.expand(shape)
+    if is_tracing():
+        if position_ids is None:  # boundaries read from values alone cannot be traced
+            raise ValueError(f"While tracing or exporting, packed sequences are told apart by position_ids (restarting "
+                             f"at each sequence), not by {', '.join(explicit)}: pass position_ids.")
+        return None if attention_mask is not None else _restarts(position_ids)
+    candidates = []  # (name, ids (B, T))
+    cu_q, cu_k = packed_format.get("cu_seq_lens_q"), packed_format.get("cu_seq_lens_k")
+    if cu_q is not None or cu_k is not None:
+        if cu_q is not None and cu_k is not None and not torch.equal(cu_q.cpu(), cu_k.cpu()):
+            raise ValueError(
+                "cu_seq_lens_q and cu_seq_lens_k differ: in self-attention a sequence's queries are its keys. (An "
+                "encoder-decoder takes its source and target boundaries from position_ids and decoder_position_ids.)"
+            )
+        cu = (cu_q if cu_q is not None else cu_k).flatten().long()
+        candidates.append(("cu_seq_lens", _from_cumulative(cu, shape)))
+    if "seq_idx" in explicit:
+        candidates.append(("seq_idx", _from_seq_idx(explicit["seq_idx"], shape)))
+    if position_ids is not None and attention_mask is None:
+        candidates.append(("position_ids", _restarts(position_ids)))
+    if not candidates:
+        return None
+    (name, ids), *others = candidates
+    for other, other_ids in others:
+        if other_ids.shape != ids.shape or not torch.equal(_starts(other_ids), _starts(ids)):
+            raise ValueError(f"{name} and {other} mark different sequence boundaries: pass one of them, or both "
+                             "from the same DataCollatorWithFlattening batch.")
+    return ids if bool(ids[:, -1].any()) or len(candidates) > 1 or name != "position_ids" else None
+
+
+def positions_within(sequences):
+    """Each token's position counted from the start of its sequence, (B, T): the positions of packed sequences
+    given by cu_seq_lens or seq_idx alone."""
+    starts = _starts(sequences)  # (B, T) bool
+    index = torch.arange(sequences.shape[-1], device=sequences.device).expand_as(sequences)
+    start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values  # (B, T)
+    return index - start_index
+
+
+def first_tokens(sequences):
+    """The flattened index of each packed sequence's first token, (count,): what a pooled head reads."""
+    return _starts(sequences).flatten().nonzero().squeeze(1)
+
+
+def _starts(ids):
+    """(B, T) bool: where a new sequence starts (every row starts one)."""
+    return torch.cat([torch.ones_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] != ids[:, :-1]], dim=-1)
+
+
+def _restarts(position_ids):
+    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)  # (B, T): the first token continues
+    return (position_ids != previous + 1).cumsum(-1)  # (B, T)
+
+
+def _from_cumulative(cu, shape):
+    total = shape[0] * shape[1]
+    if cu.dim() != 1 or len(cu) < 2 or int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(
+            f"cu_seq_lens must run from 0 up to the {total} tokens of the batch {tuple(shape)}, never decreasing "
+            f"(as DataCollatorWithFlattening(return_flash_attn_kwargs=True) builds them), got {cu.tolist()}."
+        )
+    tokens = torch.arange(total, device=cu.device)
+    return (torch.searchsorted(cu, tokens, right=True) - 1).view(shape)  # (B, T)
+
+
+def _from_seq_idx(seq_idx, shape):
+    if tuple(seq_idx.shape) != tuple(shape) or bool((seq_idx[:, 1:] < seq_idx[:, :-1]).any()):
+        raise ValueError(f"seq_idx must be {tuple(shape)}, one id per token, never decreasing along a row (each "
+                         f"sequence's tokens together), got shape {tuple(seq_idx.shape)}.")
+    return seq_idx.long()
+
+
+def can_pack(attention_mask, sequences, output_attentions: bool, cached: bool) -> bool:
+    """Whether a stack's batch runs padding-free (see the module docstring for the conditions)."""
+    if output_attentions or cached or is_tracing():
+        return False
+    if sequences is not None:
+        return attention_mask is None
     return (
         attention_mask is not None
         and attention_mask.dim() == 2
-        and not output_attentions
-        and not is_tracing()
         and not attention_mask.all()
         # Every row starts with a real token: right padding, as BERT-family tokenizers pad. Position 0 is what the
         # pooled heads read ([CLS]); on a left-padded row it is padding, which the padded path computes (as
@@ -41,24 +149,58 @@ def can_pack(attention_mask, output_attentions: bool) -> bool:
     )
 
 
-class PackedBatch:
-    """Where the real tokens of a padded batch sit: `pack` gathers them, `unpack` scatters results back."""
+def can_pack_source(encoder_attention_mask) -> bool:
+    """Whether cross-attention can read the source packed: every row has a key (an all-padding row is computed
+    over every key on the padded path, see masks.additive_mask)."""
+    return encoder_attention_mask is None or (encoder_attention_mask.dim() == 2
+                                              and bool(encoder_attention_mask.any(-1).all()))
 
-    def __init__(self, attention_mask):
-        self.batch_size, self.length = attention_mask.shape  # B, T
-        keep = attention_mask.bool()
-        lengths = keep.sum(1).tolist()  # every row has a token: `can_pack` packs no row that starts with padding
-        if len(set(lengths)) < sum(1 for _ in itertools.groupby(lengths)):
-            # Rows laid end to end shortest first: rows of equal length become neighbours, and each run of
-            # neighbours is one attention call (attend_within_sequences). The 32 sentences of benchmarks/engines.py:
-            # 20 calls a layer, not 32. Only where that merges calls: the reordering costs ~25 us a forward.
-            order = torch.tensor(sorted(range(self.batch_size), key=lengths.__getitem__), device=keep.device)
-            rows, columns = keep[order].nonzero().unbind(1)  # real tokens of the sorted rows, in order
-            self.indices = order[rows] * self.length + columns  # (N,): where they sit in the flattened batch
-            self.seq_lens = sorted(lengths)
-        else:  # equal lengths are neighbours already
-            self.indices = keep.flatten().nonzero().squeeze(1)
-            self.seq_lens = lengths
+
+class PackedBatch:
+    """Where the tokens of each sequence sit in a (B, T) batch: `pack` gathers them end to end, `unpack` scatters
+    results back. `keep` (B, T) marks the real tokens (all of them when None); `sequences` (B, T) splits a row into
+    several sequences (transformers' packed format; one per row when None). One of the two is given."""
+
+    def __init__(self, shape, keep=None, sequences=None):
+        self.batch_size, self.length = shape  # B, T
+        if sequences is None and keep is not None:
+            self.indices = keep.flatten().nonzero().squeeze(1)  # (N,): real tokens in the flattened batch
+            self.seq_lens = keep.sum(1).tolist()  # rows are sequences; `can_pack` packs no row without a token
+        else:
+            group = torch.arange(self.batch_size, device=sequences.device)[:, None] * sequences.numel() + sequences
+            group = group.flatten()  # (B * T,): one id per sequence, non-decreasing
+            self.indices = torch.arange(group.numel(), device=group.device)
+            if keep is not None:
+                self.indices = self.indices[keep.flatten().bool()]
+                group = group[self.indices]
+            self.seq_lens = torch.unique_consecutive(group, return_counts=True)[1].tolist()
+
+    def shortest_first(self, key_lens=None):
+        """The order (a list) that lays sequences of equal length next to each other (and of equal `key_lens`, the
+        source lengths cross-attention pairs them with), or None where they are neighbours already."""
+        keys = list(zip(self.seq_lens, key_lens or self.seq_lens))
+        if len(set(keys)) == sum(1 for _ in itertools.groupby(keys)):
+            return None
+        # The 32 sentences of benchmarks/engines.py: 20 calls a layer, not 32. Only where that merges calls: the
+        # reordering costs ~25 us a forward.
+        return sorted(range(len(keys)), key=keys.__getitem__)
+
+    def reorder(self, order):
+        """Lay the sequences end to end in `order` (a list of sequence numbers)."""
+        if order is None:
+            return self
+        if len(order) != len(self.seq_lens):
+            raise ValueError(f"{len(self.seq_lens)} source sequences for {len(order)} target sequences: each target "
+                             "sequence reads the source of the same index.")
+        lengths = torch.tensor(self.seq_lens, device=self.indices.device)
+        starts = lengths.cumsum(0) - lengths  # (count,): where each sequence starts among the packed tokens
+        order_t = torch.tensor(order, device=self.indices.device)
+        new_lengths = lengths[order_t]
+        new_starts = new_lengths.cumsum(0) - new_lengths
+        shift = torch.repeat_interleave(starts[order_t] - new_starts, new_lengths)  # (N,)
+        self.indices = self.indices[torch.arange(len(shift), device=shift.device) + shift]
+        self.seq_lens = new_lengths.tolist()
+        return self
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...); None stays None."""
@@ -70,21 +212,25 @@ class PackedBatch:
         return rows.view(self.batch_size, self.length, -1)
 
 
-def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, dropout, scaling):
-    """Attention for sequences laid end to end: query, key, value (N, H, D) -> context (N, H*D).
+def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, key_lens, causal, dropout, scaling):
+    """Attention for sequences laid end to end: query (N, H, D), key, value (M, H, D) -> context (N, H*D).
 
-    Each run of equal-length neighbours is one (count, H, L, D) batch; 4-D inputs keep sdpa on its fused CPU
-    kernels (3-D ones fall back to plain math)."""
+    Query sequence i attends to key sequence i (`key_lens`: the same as `seq_lens` in self-attention), to its past
+    alone when `causal`. Each run of neighbours of equal lengths is one (count, H, L, D) batch; 4-D inputs keep sdpa
+    on its fused CPU kernels (3-D ones fall back to plain math)."""
     N, H, D = query.shape
-    contexts, start = [], 0
-    for length, run in itertools.groupby(seq_lens):
+    contexts, start, key_start = [], 0, 0
+    for (length, key_length), run in itertools.groupby(zip(seq_lens, key_lens)):
         count = len(list(run))
-        end = start + count * length
-        q, k, v = (x[start:end].view(count, length, H, D).transpose(1, 2) for x in (query, key, value))  # (c, H, L, D)
-        context, _ = attention_fn(module, q, k, v, None, dropout=dropout, scaling=scaling)  # (count, L, H, D)
+        end, key_end = start + count * length, key_start + count * key_length
+        q = query[start:end].view(count, length, H, D).transpose(1, 2)  # (c, H, L, D)
+        k, v = (x[key_start:key_end].view(count, key_length, H, D).transpose(1, 2) for x in (key, value))
+        mask = sequence_causal_mask(length, q.dtype, q.device, module.config._attn_implementation) if causal else None
+        context, _ = attention_fn(module, q, k, v, mask, dropout=dropout, scaling=scaling)  # (count, L, H, D)
         contexts.append(context.reshape(end - start, H * D))  # (count * L, E): Concat(head_1..head_H)
-        start = end
+        start, key_start = end, key_end
     return contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, E)
 
 
-__all__ = ["PackedBatch", "attend_within_sequences", "can_pack"]
+__all__ = ["FORMAT_KEYWORDS", "PackedBatch", "attend_within_sequences", "can_pack", "can_pack_source",
+           "first_tokens", "positions_within", "sequence_ids"]

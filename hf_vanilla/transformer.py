@@ -37,8 +37,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .compat import CACHE_FIELD, cache_field
 from .kernels import VanillaLinear
-from .masks import cross_attention_mask, has_padding, self_attention_mask, sequence_ids
-from .packing import PackedBatch, attend_within_sequences, can_pack
+from .masks import cross_attention_mask, has_padding, self_attention_mask
+from .packing import (PackedBatch, attend_within_sequences, can_pack, can_pack_source, positions_within,
+                      sequence_ids)
 from .validation import check_inputs, self_attention_cache
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -189,16 +190,20 @@ class VanillaAttention(nn.Module):
         self.o_proj = VanillaLinear(config.hidden_size, config.hidden_size)  # W^O
 
     def forward(self, hidden_states, key_value_states=None, attention_mask=None, past_key_values=None,
-                seq_lens=None, output_attentions=False):
+                seq_lens=None, key_seq_lens=None, output_attentions=False):
         """hidden_states: (B, T, E), or (N, E) packed with `seq_lens` (the length of each sequence, summing to N).
-        key_value_states: (B, S, E) encoder output for cross-attention. Returns (output like hidden_states, weights).
+        key_value_states: (B, S, E) encoder output for cross-attention, or (M, E) packed with `key_seq_lens`
+        (sequence i of the target reads sequence i of the source). Returns (output like hidden_states, weights).
         """
         attention_fn = attention_function(self.config._attn_implementation, output_attentions)
         dropout = self.dropout if self.training else 0.0
         H, D = self.num_heads, self.head_dim
         if seq_lens is not None:  # padding-free: sequences laid end to end, attention within each (packing.py)
-            query, key, value = (proj(hidden_states).view(-1, H, D) for proj in (self.q_proj, self.k_proj, self.v_proj))
-            context = attend_within_sequences(attention_fn, self, query, key, value, seq_lens, dropout, self.scaling)
+            source = hidden_states if key_value_states is None else key_value_states
+            query = self.q_proj(hidden_states).view(-1, H, D)  # (N, H, D)
+            key, value = (proj(source).view(-1, H, D) for proj in (self.k_proj, self.v_proj))  # (M, H, D)
+            context = attend_within_sequences(attention_fn, self, query, key, value, seq_lens,
+                                              key_seq_lens or seq_lens, self.is_causal, dropout, self.scaling)
             return self.o_proj(context), None  # (N, E)
 
         B, T, E = hidden_states.shape
@@ -316,18 +321,21 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
             self.cross_attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states, attention_mask, encoder_hidden_states=None, encoder_attention_mask=None,
-                output_attentions=False, **cache):
-        """`cache`: the key/value cache, under the keyword transformers' gradient-checkpointing wrapper drops (a
-        recomputed forward would write it twice): `cache` since transformers 5.24, `past_key_values` before."""
+                seq_lens=None, encoder_seq_lens=None, output_attentions=False, **cache):
+        """Packed (packing.py): hidden_states (N, E) with `seq_lens`, encoder_hidden_states (M, E) with
+        `encoder_seq_lens`. `cache`: the key/value cache, under the keyword transformers' gradient-checkpointing
+        wrapper drops (a recomputed forward would write it twice): `cache` since transformers 5.24,
+        `past_key_values` before."""
         past_key_values = cache.get(CACHE_FIELD)
-        hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values, None,
+        hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values, seq_lens,
                                                             output_attentions)
         cross_weights = None
         if encoder_hidden_states is not None:
             attn_input = self._sublayer_input(hidden_states, self.cross_attn_norm)
             output, cross_weights = self.cross_attn(
                 attn_input, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values, output_attentions=output_attentions,
+                past_key_values=past_key_values, seq_lens=seq_lens, key_seq_lens=encoder_seq_lens,
+                output_attentions=output_attentions,
             )  # (B, T, E): each target position reads the whole source sentence
             hidden_states = self._residual(hidden_states, output, self.cross_attn_norm)
         return self._ffn_block(hidden_states), self_weights, cross_weights
@@ -341,9 +349,11 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
 class VanillaStack(nn.Module):
     """Embeddings followed by N identical layers: the encoder (section 3.1, left) or the decoder (right).
 
-    A padded encoder batch runs padding-free (packing.py): embeddings, projections and feed-forward on its real
-    tokens only, attention within each sequence. The padded path stays for attention maps, decoders, 4-D masks,
-    left padding and tracing/export.
+    A batch of sequences of different lengths runs padding-free (packing.py): embeddings, projections and
+    feed-forward on its real tokens only, attention within each sequence (causal in the decoder; cross-attention to
+    the same sequence's source). That holds for a right-padded batch and for transformers' packed format
+    (`DataCollatorWithFlattening`). The padded path stays for attention maps, the key/value cache (generation), 4-D
+    masks, left padding and tracing/export.
     """
 
     def __init__(self, config, is_decoder: bool = False, cross_attention: bool = False):
@@ -365,10 +375,12 @@ class VanillaStack(nn.Module):
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None, use_cache=None,
-                output_attentions=None, output_hidden_states=None, **kwargs):
+                encoder_hidden_states=None, encoder_attention_mask=None, encoder_position_ids=None,
+                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None, **kwargs):
         """Returns a `BaseModelOutputWithPastAndCrossAttentions` (generate needs a ModelOutput of the encoder);
-        the public models honour `return_dict`."""
+        the public models honour `return_dict`. `kwargs` may hold transformers' packed-format keywords
+        (`cu_seq_lens_q/k`, `max_length_q/k`, `seq_idx`: packing.sequence_ids); `encoder_position_ids` tell packed
+        source sequences apart for cross-attention."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -381,21 +393,37 @@ class VanillaStack(nn.Module):
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
                      encoder_attention_mask=encoder_attention_mask,
                      dtype=self.layers[0].self_attn_norm.weight.dtype)  # the token table's may be int8
-        hidden_states, mask, packed = self._prepare(input_ids, attention_mask, token_type_ids, position_ids,
-                                                    inputs_embeds, past_length, cache, output_attentions)
-        cross_mask = cross_attention_mask(encoder_attention_mask, hidden_states.dtype)  # (B, 1, 1, S)
+        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        sequences, encoder_sequences = self._sequences(
+            shape=(B, T), position_ids=position_ids, attention_mask=attention_mask, packed_format=kwargs,
+            past_length=past_length, encoder_hidden_states=encoder_hidden_states,
+            encoder_position_ids=encoder_position_ids, encoder_attention_mask=encoder_attention_mask)
+        packed, source = self._packed_batches(
+            shape=(B, T), attention_mask=attention_mask, sequences=sequences, cached=past_key_values is not None,
+            output_attentions=output_attentions, encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask, encoder_sequences=encoder_sequences)
+        hidden_states, mask = self._embed(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, past_length=past_length, cache=cache,
+            sequences=sequences, packed=packed)
+        if source is not None:  # (B, S, E) -> (M, E): the source's real tokens, in the target's order of sequences
+            memory, cross_mask = source.pack(encoder_hidden_states), None
+        else:
+            memory = encoder_hidden_states
+            cross_mask = cross_attention_mask(encoder_attention_mask, hidden_states.dtype, sequences, encoder_sequences)
+        seq_lens = packed.seq_lens if packed is not None else None
 
         # The N layers (section 3.1): each reads the previous one's output.
         all_hidden_states, all_self, all_cross = [hidden_states], [], []
         for layer in self.layers:
             if self.is_decoder:  # the cache by keyword: under gradient checkpointing the layer's wrapper drops it
                 hidden_states, self_weights, cross_weights = layer(
-                    hidden_states, mask, encoder_hidden_states, cross_mask, output_attentions=output_attentions,
-                    **cache_field(past_key_values))
+                    hidden_states, mask, memory, cross_mask, seq_lens=seq_lens,
+                    encoder_seq_lens=source.seq_lens if source is not None else None,
+                    output_attentions=output_attentions, **cache_field(past_key_values))
                 all_cross.append(cross_weights)
             else:
-                hidden_states, self_weights = layer(hidden_states, mask,
-                                                    seq_lens=packed.seq_lens if packed else None,
+                hidden_states, self_weights = layer(hidden_states, mask, seq_lens=seq_lens,
                                                     output_attentions=output_attentions)
             all_hidden_states.append(hidden_states)
             all_self.append(self_weights)
@@ -413,23 +441,60 @@ class VanillaStack(nn.Module):
             cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
         )
 
-    def _prepare(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_length, cache,
-                 output_attentions):
-        """The first layer's input and what attention needs: (hidden states (B, T, E), or (N, E) packed; the padded
-        path's additive self-attention mask, or None; the packed batch, or None)."""
+    def _sequences(self, *, shape, position_ids, attention_mask, packed_format, past_length, encoder_hidden_states,
+                   encoder_position_ids, encoder_attention_mask):
+        """Which sequence each token belongs to, for transformers' packed format, (B, T) and the source's (B, S); None
+        for ordinary batches (packing.sequence_ids). A packed target reads a packed source, sequence i from sequence i."""
+        if not (isinstance(past_length, int) and past_length == 0):
+            return None, None  # decoding with a cache: the prompt's sequences are in the cache already
+        sequences = sequence_ids(shape, position_ids, attention_mask, packed_format)
+        encoder_sequences = None
+        if encoder_hidden_states is not None:
+            encoder_sequences = sequence_ids(encoder_hidden_states.shape[:2], encoder_position_ids,
+                                             encoder_attention_mask)
+            if (sequences is None) != (encoder_sequences is None):
+                raise ValueError(
+                    "Packed sequences on one side only: a packed target (decoder_position_ids restarting) reads a "
+                    "packed source (position_ids restarting), target i from source i. Pack both, or neither."
+                )
+        return sequences, encoder_sequences
+
+    def _packed_batches(self, *, shape, attention_mask, sequences, cached, output_attentions, encoder_hidden_states,
+                        encoder_attention_mask, encoder_sequences):
+        """Where the tokens of each sequence sit, for the padding-free path: (target, source), or (None, None) where
+        the padded path runs (packing.can_pack). Sequences of equal lengths become neighbours in both."""
+        cross = encoder_hidden_states is not None
+        if not can_pack(attention_mask, sequences, output_attentions, cached) or (
+                cross and not can_pack_source(encoder_attention_mask)):
+            return None, None
+        packed = PackedBatch(shape, attention_mask if sequences is None else None, sequences)
+        source = None
+        if cross:  # without a mask (nor packed sources), every source token is a key
+            keep = encoder_attention_mask
+            if keep is None and encoder_sequences is None:
+                keep = torch.ones(encoder_hidden_states.shape[:2], dtype=torch.bool, device=encoder_hidden_states.device)
+            source = PackedBatch(encoder_hidden_states.shape[:2], keep, encoder_sequences)
+        if source is not None and len(source.seq_lens) != len(packed.seq_lens):
+            raise ValueError(f"{len(packed.seq_lens)} target sequences for {len(source.seq_lens)} source sequences: "
+                             "each target sequence reads the source sequence of the same index.")
+        order = packed.shortest_first(source.seq_lens if source is not None else None)
+        return packed.reorder(order), source.reorder(order) if source is not None else None
+
+    def _embed(self, *, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_length, cache,
+               sequences, packed):
+        """The first layer's input, (B, T, E) or (N, E) packed, and the padded path's additive self-attention mask
+        (None where packed: attention runs within each sequence)."""
         B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        # Sequences packed end to end without a mask, told apart by their positions restarting (masks.py).
-        sequences = (sequence_ids(position_ids.expand(B, T)) if self.is_decoder and position_ids is not None
-                     and attention_mask is None and isinstance(past_length, int) and past_length == 0 else None)
+        if sequences is not None and position_ids is None:  # packed sequences count their positions from their start
+            position_ids = positions_within(sequences) + (0 if self.is_decoder else self.config.position_offset)
         position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
-        packed = None if self.is_decoder or not can_pack(attention_mask, output_attentions) else PackedBatch(attention_mask)
         if packed is not None:  # (B, T) -> (N,): the real tokens alone
             input_ids, position_ids, token_type_ids, inputs_embeds = map(
                 packed.pack, (input_ids, position_ids, token_type_ids, inputs_embeds))
         hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E) or (N, E)
         if packed is not None:
-            return hidden_states, None, packed
+            return hidden_states, None
         key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
         mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder, hidden_states.dtype,
                                    hidden_states.device, sequences)
@@ -439,7 +504,7 @@ class VanillaStack(nn.Module):
             # computes from input_ids (`generate` reads the last position even where it is padding).
             hidden_states = hidden_states.masked_fill(
                 ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
-        return hidden_states, mask, packed
+        return hidden_states, mask
 
     def _positions(self, position_ids, past_length, B, T, inputs):
         """Each token's row in the position table, (B, T). Without `position_ids`, tokens count from the cache's
