@@ -163,6 +163,7 @@ class PackedBatch:
 
     def __init__(self, shape, keep=None, sequences=None):
         self.batch_size, self.length = shape  # B, T
+        keep = None if keep is None else keep.bool()  # a float or integer mask marks real tokens by nonzero values
         if sequences is None and keep is not None:
             self.indices = keep.flatten().nonzero().squeeze(1)  # (N,): real tokens in the flattened batch
             self.seq_lens = keep.sum(1).tolist()  # rows are sequences; `can_pack` packs no row without a token
@@ -171,7 +172,7 @@ class PackedBatch:
             group = group.flatten()  # (B * T,): one id per sequence, non-decreasing
             self.indices = torch.arange(group.numel(), device=group.device)
             if keep is not None:
-                self.indices = self.indices[keep.flatten().bool()]
+                self.indices = self.indices[keep.flatten()]
                 group = group[self.indices]
             self.seq_lens = torch.unique_consecutive(group, return_counts=True)[1].tolist()
 

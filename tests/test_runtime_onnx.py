@@ -548,7 +548,7 @@ def test_export_prints_nothing(base, tmp_path, capfd):
 
 def test_registry_errors_are_one_line(tmp_path_factory, minilm_path, monkeypatch, tmp_path):
     _, vanilla_dir = converted(tmp_path_factory, minilm_path, "base")
-    with pytest.raises(ValueError, match=r"Unknown runtime 'tensorrt': pass one of \['onnxruntime', 'openvino'\]"):
+    with pytest.raises(ValueError, match=r"Unknown runtime 'tensorrt': pass one of \['auto', 'onnxruntime', 'openvino'\]"):
         AutoModel.from_pretrained(vanilla_dir, runtime="tensorrt")
     monkeypatch.setattr(runtime_registry, "_RUNTIMES", dict(runtime_registry._RUNTIMES))
     (tmp_path / "engine_with_extra.py").write_text("import onnxruntime_absent\n")  # an engine, its extra missing
