@@ -92,7 +92,8 @@ def test_engines_sit_beside_the_model():
         assert not any(name.startswith("hf_vanilla.conversion") for name in imported_names(path)), path
     registry = imported_names(PACKAGE / "runtime_registry.py")
     assert {name for name in registry if not name.startswith("hf_vanilla.")} <= set(sys.stdlib_module_names)
-    assert {name for name in registry if name.startswith("hf_vanilla.")} == {"hf_vanilla.runtimes.onnxruntime",
+    assert {name for name in registry if name.startswith("hf_vanilla.")} == {"hf_vanilla.runtimes.auto",
+                                                                              "hf_vanilla.runtimes.onnxruntime",
                                                                               "hf_vanilla.runtimes.openvino"}
     modeling = imported_names(PACKAGE / "modeling_vanilla.py")
     assert "hf_vanilla.runtime_registry" in modeling and not any("runtimes" in name for name in modeling)

