@@ -267,11 +267,11 @@ def test_onnx_runtime_int8_weights_fit_the_cpus_int8_product(monkeypatch, flags,
     import onnx
     from onnx import numpy_helper
 
-    from hf_vanilla.runtimes.onnxruntime import owned
+    from hf_vanilla.runtimes.onnxruntime import held
 
-    monkeypatch.setattr(owned, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(held, "cpu_flags", lambda: flags)
     weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
-    quantized = owned.quantized(_projection(weight))
+    quantized = held.quantized(_projection(weight))
     weights = [numpy_helper.to_array(t) for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT8
                and t.dims == [16, 8]]
     assert len(weights) == 1
@@ -285,10 +285,10 @@ def test_onnx_runtime_int8_takes_a_token_of_zeros():
     import numpy as np
     import onnxruntime
 
-    from hf_vanilla.runtimes.onnxruntime import owned
+    from hf_vanilla.runtimes.onnxruntime import held
 
     weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
-    session = onnxruntime.InferenceSession(owned.quantized(_projection(weight)).SerializeToString(),
+    session = onnxruntime.InferenceSession(held.quantized(_projection(weight)).SerializeToString(),
                                            providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
     x[1] = 0

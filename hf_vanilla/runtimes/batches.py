@@ -16,6 +16,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..export import example_inputs
+from ..kernels import is_tracing
 
 # The check at attach: a right-padded (2, PROBE_TOKENS) request, both ways, within PROBE_TOLERANCE x max(1, |output|).
 # It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
@@ -24,6 +25,29 @@ from ..export import example_inputs
 PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
 CALL_COST_TOKENS = 32
+
+
+def request_feeds(config, arguments: dict, token_types: bool) -> dict | None:
+    """The graph's inputs for a call of an encoder with `arguments` (its arguments by name), or None where PyTorch
+    must answer it: the graph computes `input_ids` (not `inputs_embeds`) at default positions, with no cache, no
+    cross-attention, no attention maps or hidden states asked for (argument, else `config`), not while tracing,
+    and input `feeds_for` plainly accepts. `token_types`: whether the graph reads segment ids (zeros where the call
+    gives none; a call giving them to a graph that reads none goes to PyTorch). The one request check of every
+    engine."""
+    get = arguments.get
+    input_ids, token_type_ids = get("input_ids"), get("token_type_ids")
+    if (
+        input_ids is None or get("inputs_embeds") is not None or get("position_ids") is not None
+        or get("past_key_values") is not None or get("encoder_hidden_states") is not None
+        or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
+        or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
+        or is_tracing() or (token_type_ids is not None and not token_types)
+    ):
+        return None
+    feeds = feeds_for(config, input_ids, get("attention_mask"), token_type_ids)
+    if feeds is not None and token_types and "token_type_ids" not in feeds:
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    return feeds
 
 
 def feeds_for(config, input_ids, attention_mask, token_type_ids) -> dict | None:
@@ -101,9 +125,10 @@ def grouping(feeds: dict) -> list[tuple[list[int], int]] | None:
     return length_groups(lengths.tolist())
 
 
-def run_grouped(run, feeds: dict, groups) -> list[np.ndarray]:
+def run_grouped(run, feeds: dict) -> list[np.ndarray]:
     """The graph's outputs, (B, T, E) hidden states first, from `run(feeds) -> [outputs]` (the engine's call): one
-    call where `groups` (from `grouping`) is None, else one per group of rows, scattered back."""
+    call where `grouping` says so, else one per group of rows, scattered back."""
+    groups = grouping(feeds)
     if groups is None:
         return run(feeds)
     mask = feeds["attention_mask"]

@@ -39,6 +39,14 @@ KEY_METADATA = "hf_vanilla.cache_key"
 STALE_SECONDS = 24 * 3600
 
 
+def graph_io(unit) -> tuple[list, tuple]:
+    """(inputs, outputs) of `unit`'s graph, as every engine traces it: ids and mask, and segment ids where the model
+    has them; the hidden states, and the pooled output where the unit has a pooler."""
+    inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if unit.config.type_vocab_size > 0 else [])
+    outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(unit, "pooler", None) is not None else ())
+    return inputs, outputs
+
+
 def cache_key(unit, structure: dict, inputs: list, outputs: tuple) -> str:
     """What the graph depends on: the structure, the source files of every class in it that torch and transformers
     do not ship (their versions stand for theirs), the exporter's versions, and the graph's inputs and outputs."""

@@ -32,35 +32,38 @@ def engine_or_pytorch(engine: str) -> measure.MeasuredChoice:
                                   CHOICE_MIN_GAIN, warmup=1)
 
 
-def size_key(mask: np.ndarray) -> tuple:
-    """What the choice is made per: rows and real tokens, each rounded up to a power of two, and torch's thread
-    count (both engines use it)."""
-    return key_of(mask.shape[0], int(mask.sum()))
-
-
 def key_of(rows: int, tokens: int) -> tuple:
-    """`size_key` of a request of `rows` rows holding `tokens` real tokens."""
+    """What the choice is made per, for a request of `rows` rows holding `tokens` real tokens: both rounded up to a
+    power of two, and torch's thread count (both engines use it)."""
     return 1 << (rows - 1).bit_length(), 1 << (max(tokens, 1) - 1).bit_length(), torch.get_num_threads()
 
 
-def answer(decisions: measure.MeasuredChoice, mask: np.ndarray, engine, pytorch):
-    """The output of `engine()` or `pytorch()` (two calls of no argument giving the same answer) for a request
-    whose attention mask is `mask`: the engine whenever `CHOICE` says so, else whichever `decisions` found faster
-    for this size, measuring both while it is not decided."""
-    if CHOICE == "engine":
-        return engine()
-    key = size_key(mask)
-    decided = decisions.decision(key)
+def route(decisions: measure.MeasuredChoice, mask: np.ndarray) -> tuple[str, tuple | None]:
+    """Which path answers a request whose attention mask is `mask`, decided here once per call for every engine:
+    (path, None) where the size is decided ("dense": the engine's fastest call, for a request without padding;
+    "engine"; "pytorch"), the engine whenever `CHOICE` says so; (path, key) while `decisions` still measures the
+    size: "engine" or "pytorch", whose call `timed` times under `key`. The engine then calls that path itself, so
+    a decided request enters this room once and comes back with no callback."""
+    rows, tokens = mask.shape[0], int(mask.sum())
+    key = None if CHOICE == "engine" else key_of(rows, tokens)
+    decided = True if key is None else decisions.decision(key)
+    if decided:
+        return "dense" if tokens == mask.size else "engine", None
     if decided is not None:
-        return engine() if decided else pytorch()
-    path = decisions.turn(key)
+        return "pytorch", None
+    return "pytorch" if decisions.turn(key) == "pytorch" else "engine", key
+
+
+def timed(decisions: measure.MeasuredChoice, key: tuple, path: str, call):
+    """`call()` (a call of no argument), the output of `path` ("engine" or "pytorch", from `route`) for a request of
+    size `key`, timed for `decisions`."""
     if path != "pytorch":
-        return decisions.time(key, path, engine)
+        return decisions.time(key, decisions.challenger, call)
     # A PyTorch call that also measured its products' kernels (kernels.py computes two products where it times one)
     # is not counted: it would make PyTorch look slower than it will be.
     measured = measure.timed_calls()
     start = measure.clock()
-    output = pytorch()
+    output = call()
     if measure.timed_calls() == measured:
         decisions.record(key, path, measure.clock() - start)
     return output

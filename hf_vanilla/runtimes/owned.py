@@ -44,15 +44,13 @@ import functools
 import inspect
 import threading
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ..kernels import is_tracing
 from . import choice
 from .attached import Engine, refuse_quantized, take_off
-from .batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
-from .cache import GraphCache, cache_key, export_graph
+from .batches import PROBE_TOLERANCE, module_output, probe, request_feeds, run_grouped
+from .cache import GraphCache, cache_key, export_graph, graph_io
 from .watch import Watch, class_code, hooked, structure_of
 
 
@@ -184,9 +182,7 @@ class OwnedEncoder(Engine):
         shadow = self.shadow.float() if self.dtype != torch.float32 else self.shadow
         try:
             structure = structure_of(shadow)
-            inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if shadow.config.type_vocab_size else [])
-            outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(shadow, "pooler", None) is not None
-                                                 else ())
+            inputs, outputs = graph_io(shadow)
             key = cache_key(shadow, structure, inputs, outputs)
             for fresh in (False, True):
                 self.graph = self.cache.load(key) if not fresh else export_graph(shadow, inputs, outputs, key)
@@ -229,13 +225,12 @@ class OwnedEncoder(Engine):
         feeds = self._feeds(arguments)
         if feeds is None:
             return self._pytorch(args, kwargs)
-        B, T = feeds["input_ids"].shape
-        tokens = int(feeds["attention_mask"].sum())
-        if tokens == B * T and self.compiled is not None and (
-                choice.CHOICE == "engine" or self.choice.decision(choice.key_of(B, tokens))):
+        path, measuring = choice.route(self.choice, feeds["attention_mask"])
+        if path == "dense":
             return self._hot(feeds, arguments)
-        return choice.answer(self.choice, feeds["attention_mask"], lambda: self._answer(feeds, arguments),
-                             lambda: self._pytorch(args, kwargs))
+        call = (functools.partial(self._answer, feeds, arguments) if path == "engine"
+                else functools.partial(self._pytorch, args, kwargs))
+        return call() if measuring is None else choice.timed(self.choice, measuring, path, call)
 
     def _hot(self, feeds: dict, arguments: dict):
         """The path of one request without padding, of a size decided for the engine. The checks run first, all of
@@ -251,7 +246,7 @@ class OwnedEncoder(Engine):
         with self.lock:
             self._follow()
             compiled = self.compiled
-        outputs = run_grouped(lambda part: self.run(compiled, part), feeds, grouping(feeds))
+        outputs = run_grouped(functools.partial(self.run, compiled), feeds)
         return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
 
     def _watch(self) -> Watch:
@@ -306,21 +301,8 @@ class OwnedEncoder(Engine):
         self.watch = self._watch()
 
     def _feeds(self, arguments: dict):
-        """The graph's inputs, or None where PyTorch (the shadow) must answer."""
-        get = arguments.get
-        config = self.shadow.config
-        if (
-            get("input_ids") is None or get("inputs_embeds") is not None or get("position_ids") is not None
-            or get("past_key_values") is not None or get("encoder_hidden_states") is not None
-            or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
-            or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
-            or is_tracing()
-        ):
-            return None
-        feeds = feeds_for(config, get("input_ids"), get("attention_mask"), get("token_type_ids"))
-        if feeds is not None and self.token_types and "token_type_ids" not in feeds:
-            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
-        return feeds
+        """The graph's inputs, or None where PyTorch (the shadow) must answer (`batches.request_feeds`)."""
+        return request_feeds(self.shadow.config, arguments, self.token_types)
 
     # ---- the doors: state dicts, copies, pickling --------------------------------------------------------------
 

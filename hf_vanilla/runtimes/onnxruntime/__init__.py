@@ -13,11 +13,11 @@ CPU: `benchmarks/engines.py` measures it, and docs/performance.md has the figure
 
 Two ways to give it the weights. By default it is fed the model's own tensors on every call (engine.py: nothing is
 copied, so no write can go stale, and every vanilla encoder runs, encoder-decoders included). With `owned=True` it
-holds the BERT-style bodies' weights, compiled into its session once (owned.py): faster on short requests, and the
+holds the BERT-style bodies' weights, compiled into its session once (held.py): faster on short requests, and the
 only way to its int8 products (`precision="int8"`), under the ownership contract of hf_vanilla/runtimes/owned.py.
 
 engine.py holds OnnxEncoder: attach (trace or find the graph, probe it), the call (ONNX Runtime or PyTorch, which
-answers a request size), pickling; owned.py the engine holding its weights. What they share with the other engines
+answers a request size), pickling; held.py the engine holding its weights. What they share with the other engines
 is one floor up, in hf_vanilla/runtimes/.
 """
 
@@ -31,7 +31,7 @@ from ..choice import runtime_choices
 from ..options import checked
 from ..owned import hold
 from .engine import OnnxEncoder
-from .owned import OwnedOnnxEncoder
+from .held import OwnedOnnxEncoder
 
 
 def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: bool = False, precision: str = "f32"):

@@ -20,19 +20,18 @@ requests and no faster, sometimes slower, on long or padded batches, where PyTor
 """
 
 import copy
+import functools
 import inspect
 import operator
 import warnings
 
-import numpy as np
 import onnxruntime
 import torch
 
-from ...kernels import is_tracing
 from .. import choice
 from ..attached import Engine
-from ..batches import PROBE_TOLERANCE, feeds_for, grouping, module_output, probe, run_grouped
-from ..cache import GraphCache, cache_key, export_graph, written_key
+from ..batches import PROBE_TOLERANCE, module_output, probe, request_feeds, run_grouped
+from ..cache import GraphCache, cache_key, export_graph, graph_io, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
 
 PROVIDERS = ["CPUExecutionProvider"]
@@ -56,8 +55,7 @@ class OnnxEncoder(Engine):
                                  f"{'' if tensor.is_contiguous() else ', strided'}: call model.float().cpu() first "
                                  f"(and .contiguous() on a strided weight).")
         structure = structure_of(unit)
-        outputs = ("last_hidden_state",) + (("pooler_output",) if getattr(unit, "pooler", None) is not None else ())
-        inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if unit.config.type_vocab_size > 0 else [])
+        inputs, outputs = graph_io(unit)
         key = cache_key(unit, structure, inputs, outputs)
         cached = cache.load(key)
         if cached is not None:
@@ -150,22 +148,18 @@ class OnnxEncoder(Engine):
         request = self._request(arguments)
         if request is None:
             return self.forward(*args, **kwargs)
-        return choice.answer(self.choice, request[0]["attention_mask"], lambda: self._answer(request, arguments),
-                             lambda: self.forward(*args, **kwargs))
+        path, measuring = choice.route(self.choice, request[0]["attention_mask"])  # "dense" or "engine": one path
+        call = (functools.partial(self.forward, *args, **kwargs) if path == "pytorch"
+                else functools.partial(self._answer, request, arguments))
+        return call() if measuring is None else choice.timed(self.choice, measuring, path, call)
 
     def _request(self, arguments: dict):
         """(the session's inputs, the weights to feed), or None where PyTorch must run the call."""
-        get = arguments.get
-        input_ids, attention_mask, token_type_ids = get("input_ids"), get("attention_mask"), get("token_type_ids")
-        config = self.unit.config
-        if (
-            input_ids is None or get("inputs_embeds") is not None or get("position_ids") is not None
-            or get("past_key_values") is not None or get("encoder_hidden_states") is not None
-            or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
-            or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
-            or is_tracing() or input_ids.device.type != "cpu"
-            or (token_type_ids is not None and not self.token_types)
-        ):
+        # Read in numpy (`batches.request_feeds`); what this quick look does not plainly accept goes to PyTorch, which
+        # answers or refuses it with its own message: torch ops right before ONNX Runtime's call cost 0.5-0.7 ms after
+        # an idle moment (bert-base 1 x 16, AMD Zen 4), nearly what numpy spends on the whole look.
+        feeds = request_feeds(self.unit.config, arguments, self.token_types)
+        if feeds is None:
             return None
         state = self.state
         if state is None or not state[0].unchanged():
@@ -173,21 +167,13 @@ class OnnxEncoder(Engine):
         watch, weights = state
         if weights is None or (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, watch.tensors))):
             return None
-        # Read in numpy; what this quick look does not plainly accept goes to PyTorch, which answers or refuses it
-        # with its own message: torch ops right before ONNX Runtime's call cost 0.5-0.7 ms after an idle moment
-        # (bert-base 1 x 16, AMD Zen 4), nearly what numpy spends on the whole look.
-        feeds = feeds_for(config, input_ids, attention_mask, token_type_ids)
-        if feeds is None:
-            return None
-        if self.token_types and "token_type_ids" not in feeds:
-            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
         return feeds, weights
 
     def _answer(self, request: tuple, arguments: dict):
         """The unit's output for `request`, computed by ONNX Runtime."""
         feeds, weights = request
         run = lambda part: self.session.run(None, part | weights)  # noqa: E731
-        outputs = run_grouped(run, feeds, grouping(feeds))
+        outputs = run_grouped(run, feeds)
         return module_output(self.unit, dict(zip(self.outputs, outputs)), arguments.get("return_dict"))
 
     def _verify(self) -> tuple:
