@@ -484,11 +484,9 @@ def tensors_of(shadow) -> dict:
 
 def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str, **options):
     """Put `engine` (an OwnedEncoder class) in front of each encoder body of `model`, holding its weights at
-    `precision`, after the checks that leave the model whole when it cannot (the module docstring); engines already
+    `precision` (one of its PRECISIONS, as the caller checked: runtimes/options.py), after the checks that leave the model whole when it cannot (the module docstring); engines already
     there are taken off first (`attached.take_off`), once the arguments are known good. `call` names the function in
     messages; `options` go to the engine's constructor. Returns `model`."""
-    if precision not in engine.PRECISIONS:
-        raise ValueError(f"{call}: precision={precision!r} is not one of {sorted(engine.PRECISIONS)}.")
     refuse_quantized(model, call)
     take_off(model)
     units = [module.base_model for module in model.modules() if isinstance(module, PreTrainedModel)
