@@ -391,15 +391,17 @@ def test_a_failed_change_answers_one_way(pair, path, change):
             FAILED_CHANGES[change](target)
     for attempt in ("failed", "repaired"):
         expected_model = path.expected(reference)
-        for inputs in requests:
-            for options in ({}, {"output_hidden_states": True}):
-                want, got = _outcome(expected_model, inputs, **options), _outcome(model, inputs, **options)
-                if isinstance(want, Exception):
-                    assert isinstance(got, Exception), f"{attempt}: answered where PyTorch raises {want!r}"
-                    continue
-                assert not isinstance(got, Exception), f"{attempt}: {got!r}"
-                for have, wanted in zip(got, want):
-                    assert_close(have, wanted, dtype=path.rule)
+        routes = [(inputs, options) for inputs in requests for options in ({}, {"output_hidden_states": True})]
+        if attempt == "failed" and change == "a module replaced by one that fails":
+            routes = routes[:1]  # a held engine traces the broken body again at every call (seconds): one shows it
+        for inputs, options in routes:
+            want, got = _outcome(expected_model, inputs, **options), _outcome(model, inputs, **options)
+            if isinstance(want, Exception):
+                assert isinstance(got, Exception), f"{attempt}: answered where PyTorch raises {want!r}"
+                continue
+            assert not isinstance(got, Exception), f"{attempt}: {got!r}"
+            for have, wanted in zip(got, want):
+                assert_close(have, wanted, dtype=path.rule)
         if change == "a module replaced by one that fails":
             for target in (model, reference):
                 _repair(target)
