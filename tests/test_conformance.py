@@ -375,6 +375,7 @@ def _outcome(model, inputs, **options):
     return output.last_hidden_state[inputs["attention_mask"].bool()].float(), output.pooler_output.float()
 
 
+@pytest.mark.follows
 @pytest.mark.parametrize("change", list(FAILED_CHANGES))
 def test_a_failed_change_answers_one_way(pair, path, change):
     """A change that raises half-way leaves the path answering as plain PyTorch after the same failed change (which
@@ -544,6 +545,7 @@ def test_save_and_reload_give_the_same_answers(pair, path, tmp_path):
         assert_close(got, want, dtype=path.rule)
 
 
+@pytest.mark.follows
 def test_save_pretrained_changes_nothing_an_engine_runs(pair, path, tmp_path):
     """save_pretrained rewrites the config it saves (`dtype` torch.float32 -> "float32", `architectures`,
     `auto_map`), and from_pretrained sets `_name_or_path`: no field a forward reads. So after it every engine runs
