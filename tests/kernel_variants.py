@@ -64,7 +64,7 @@ def run(name: str, env_changes: dict, pytest_args: list[str]) -> dict:
         report, margins = Path(directory) / "report.xml", Path(directory) / "margins.jsonl"
         env = {**os.environ, **env_changes, "HF_VANILLA_MARGIN_LOG": str(margins), "PYTHONPATH": os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        # `follows`: what an engine follows after a change, the same kernels on both sides: the main run runs it once.
+        # `follows`: the conformance battery's engine and change rows, on kernels these variables do not choose: run once.
         command = [sys.executable, "-m", "pytest", "-m", "numerics and not follows", "-q", f"--junit-xml={report}",
                    *pytest_args]
         start = time.perf_counter()

@@ -155,7 +155,13 @@ def plain():
     return VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
 
 
-@pytest.fixture(params=PATHS, ids=lambda path: path.name)
+# The engines' rows compute with the engines' own kernels, which the variables of tests/kernel_variants.py do not
+# choose: they run once, in the main run (`follows`), and the PyTorch rows under every kernel variant.
+PYTORCH_ROWS = ("eager", "int8", "bf16", "compiled")
+
+
+@pytest.fixture(params=[pytest.param(path, id=path.name, marks=() if path.name in PYTORCH_ROWS
+                                     else pytest.mark.follows) for path in PATHS])
 def path(request, tmp_path_factory, monkeypatch):
     from hf_vanilla.runtimes import choice
     if not _GRAPHS:
