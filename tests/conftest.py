@@ -94,3 +94,20 @@ def scripted_clock(monkeypatch):
     clock = ScriptedClock()
     monkeypatch.setattr(measure, "clock", clock)
     return clock
+
+
+@pytest.fixture
+def packed_batches(monkeypatch):
+    """A list that grows by one each time the model packs a batch (hf_vanilla.transformer's PackedBatch is made):
+    which path a forward took."""
+    import hf_vanilla.transformer as transformer_module
+
+    made = []
+
+    class Recorded(transformer_module.PackedBatch):
+        def __init__(self, *args):
+            made.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(transformer_module, "PackedBatch", Recorded)
+    return made

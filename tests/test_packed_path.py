@@ -11,7 +11,6 @@ import torch
 from numerics import assert_close
 
 from hf_vanilla import VanillaEncoderConfig, VanillaEncoderModel
-import hf_vanilla.transformer as transformer_module
 
 pytestmark = pytest.mark.numerics
 B, T = 7, 24
@@ -62,21 +61,14 @@ def model(request):
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("case", list(masks()))
-def test_packed_equals_padded_eager(model, attn, case, monkeypatch):
+def test_packed_equals_padded_eager(model, attn, case, packed_batches):
     attention_mask, token_type_ids = masks()[case]
     vocab = model.config.vocab_size
     input_ids = torch.randint(5, vocab, (B, T), generator=torch.Generator().manual_seed(1))
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                   output_hidden_states=True)
 
-    packed_calls = []
-
-    class RecordedPackedBatch(transformer_module.PackedBatch):
-        def __init__(self, *args):
-            packed_calls.append(1)
-            super().__init__(*args)
-
-    monkeypatch.setattr(transformer_module, "PackedBatch", RecordedPackedBatch)
+    packed_calls = packed_batches
     # A row that starts with padding (left padding, an all-padding row) keeps the batch on the padded path, where
     # position 0, which the pooled heads read, is computed as transformers' BERT computes it.
     packs = bool(attention_mask[:, 0].all())

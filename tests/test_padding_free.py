@@ -16,7 +16,6 @@ import torch
 from numerics import assert_close
 from transformers import BertConfig, BertModel, DataCollatorWithFlattening
 
-import hf_vanilla.transformer as transformer_module
 from hf_vanilla import (
     VanillaDecoderForCausalLM, VanillaEncoderConfig, VanillaEncoderForMaskedLM, VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification, VanillaEncoderModel, VanillaSeq2SeqConfig,
@@ -259,18 +258,6 @@ def padded(rows, pad, side_value=None):
     return ids, mask
 
 
-def recording_packs(monkeypatch):
-    calls = []
-
-    class Recorded(transformer_module.PackedBatch):
-        def __init__(self, *args):
-            calls.append(1)
-            super().__init__(*args)
-
-    monkeypatch.setattr(transformer_module, "PackedBatch", Recorded)
-    return calls
-
-
 def training_step(model, attn, **inputs):
     """The outputs, and every gradient of the loss (None where `trains` says the backward cannot run)."""
     model.zero_grad()
@@ -283,12 +270,12 @@ def training_step(model, attn, **inputs):
 
 
 @pytest.mark.parametrize("attn", ATTENTION)
-def test_decoder_only_trains_padding_free_on_padded_batches(attn, monkeypatch):
+def test_decoder_only_trains_padding_free_on_padded_batches(attn, packed_batches):
     model = randomised(VanillaDecoderForCausalLM(seq2seq_config())).train()
     model.set_attn_implementation(attn)
     input_ids, mask = padded(sequences(8), pad=0)
     labels = input_ids.masked_fill(mask == 0, -100)  # as DataCollatorForLanguageModeling(mlm=False) labels them
-    calls = recording_packs(monkeypatch)
+    calls = packed_batches
     expected, expected_gradients = training_step(model, attn, input_ids=input_ids, attention_mask=mask,
                                                  labels=labels, output_attentions=True)  # maps: the padded path
     assert not calls
@@ -302,7 +289,7 @@ def test_decoder_only_trains_padding_free_on_padded_batches(attn, monkeypatch):
 
 
 @pytest.mark.parametrize("attn", ATTENTION)
-def test_seq2seq_trains_padding_free_on_padded_batches(attn, monkeypatch):
+def test_seq2seq_trains_padding_free_on_padded_batches(attn, packed_batches):
     """Sources right-padded (attention_mask), targets padded with -100 (DataCollatorForSeq2Seq, no decoder mask):
     each target attends causally within itself and to its own source's real tokens; the loss and gradients are the
     padded computation's."""
@@ -311,7 +298,7 @@ def test_seq2seq_trains_padding_free_on_padded_batches(attn, monkeypatch):
     source, source_mask = padded(sequences(9), pad=0)
     labels, _ = padded(sequences(10, (4, 2, 7, 7, 3, 1)), pad=0, side_value=-100)
     decoder_input_ids = shift_tokens_right(labels, 0, 1)
-    calls = recording_packs(monkeypatch)
+    calls = packed_batches
     expected, expected_gradients = training_step(  # the padded computation: every target position, no decoder mask
         model, attn, input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_input_ids,
         labels=labels, output_attentions=True)
@@ -325,13 +312,13 @@ def test_seq2seq_trains_padding_free_on_padded_batches(attn, monkeypatch):
         assert_same_gradients(actual_gradients, expected_gradients)
 
 
-def test_masked_lm_scores_the_real_tokens_alone(monkeypatch):
+def test_masked_lm_scores_the_real_tokens_alone(packed_batches):
     """The output projection runs on the real tokens alone where the body ran padding-free (token_logits), and the
     loss reads them: the padded path's logits at real tokens, its loss and every gradient."""
     model = randomised(VanillaEncoderForMaskedLM(encoder_config())).train()
     input_ids, mask = padded(sequences(11), pad=0)
     labels = input_ids.masked_fill((mask == 0) | (torch.arange(input_ids.shape[1]) % 3 != 1), -100)
-    calls = recording_packs(monkeypatch)
+    calls = packed_batches
     expected, expected_gradients = training_step(model, "sdpa", input_ids=input_ids, attention_mask=mask,
                                                  labels=labels, output_attentions=True)
     assert not calls
