@@ -14,6 +14,7 @@ wrapper (`GradientCheckpointingLayer`) drops from a layer's call, so the decoder
 
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 # The name of the cache field on transformers' output classes, and so the one `generate` reads back.
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -52,6 +53,16 @@ def export_axis(name: str, min: int | None = None):
     return torch.export.Dim(name, min=min, max=LARGEST_EXPORTED_SIZE)
 
 
+def flex_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    """transformers' flex_attention, given contiguous query, key and value on the CPU. Attention hands it (B, H, T, D)
+    views of (B, T, H, D) projections; torch 2.15's compiled CPU flex kernel reads such views wrongly once a second
+    sequence length has made its shapes dynamic (max |diff| 1.6 against sdpa at the second length, measured; torch
+    2.13 reads them right). The copy is small beside the compiled kernel's call, so it is made on every version."""
+    if query.device.type == "cpu":
+        query, key, value = (x.contiguous() for x in (query, key, value))
+    return ALL_ATTENTION_FUNCTIONS["flex_attention"](module, query, key, value, attention_mask, **kwargs)
+
+
 # ---- transformers' private names, each with why no public one serves ------------------------------------------
 
 
@@ -74,4 +85,4 @@ CONFIG_STORED_PER_CALL = ("_output_attentions", "_attn_implementation_internal",
 
 
 __all__ = ["CACHE_FIELD", "CONFIG_STORED_PER_CALL", "LARGEST_EXPORTED_SIZE", "cache_field", "export_axis",
-           "one_cache", "resized_embeddings"]
+           "flex_attention_forward", "one_cache", "resized_embeddings"]

@@ -35,7 +35,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .compat import CACHE_FIELD, cache_field
+from .compat import CACHE_FIELD, cache_field, flex_attention_forward
 from .kernels import VanillaLinear
 from .masks import cross_attention_mask, has_padding, self_attention_mask
 from .packing import (PackedBatch, attend_within_sequences, can_pack, can_pack_source, positions_within,
@@ -163,6 +163,8 @@ def attention_function(implementation: str, output_attentions: bool = False):
         return eager_attention_forward
     if implementation == "sdpa":
         return sdpa_attention_forward
+    if implementation == "flex_attention":
+        return flex_attention_forward  # transformers' own, on inputs torch 2.15 reads right (compat.py)
     return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 

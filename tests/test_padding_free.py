@@ -189,6 +189,20 @@ def test_packed_pairs_train_each_pair_alone(attn):
     assert_close(maps.logits[0], logits.detach(), msg="attention-maps path")
 
 
+def test_flex_attention_at_one_length_after_another():
+    """Each call under flex_attention, at a new length each time, equals sdpa. Compilation starts afresh, so the
+    second length recompiles with dynamic shapes: there torch 2.15's CPU kernel read the (B, H, T, D) views that
+    attention hands it wrongly (max |diff| 1.6; hf_vanilla.compat.flex_attention_forward copies them)."""
+    torch._dynamo.reset()
+    model = randomised(VanillaEncoderModel(encoder_config())).eval()
+    with torch.no_grad():
+        for row in sequences(2, lengths=(5, 9, 3, 17)):
+            model.set_attn_implementation("sdpa")
+            expected = model(input_ids=row[None]).last_hidden_state
+            model.set_attn_implementation("flex_attention")
+            assert_close(model(input_ids=row[None]).last_hidden_state, expected, msg=f"length {len(row)}")
+
+
 def test_transformers_sdpa_bert_fails_the_same_check():
     """The check above can fail: transformers' sdpa BertModel, given the collator's batch, lets the sequences attend
     to each other (it honours the format only with flash-attention); ours, on the same weights, does not."""
