@@ -221,7 +221,7 @@ def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, 
     torch.manual_seed(0)
     model = hold(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), held, graphs)
     engine = vars(model)["forward"]
-    engine_answer, pytorch_answer = engine._answer, engine._pytorch
+    engine_call, pytorch_answer = engine._engine, engine._pytorch
 
     order = []
 
@@ -233,7 +233,7 @@ def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, 
         return run
 
     size = {}
-    monkeypatch.setattr(engine, "_answer", timed(engine_answer, lambda: 1.0 if size["small"] else 9.0))
+    monkeypatch.setattr(engine, "_engine", timed(engine_call, lambda: 1.0 if size["small"] else 9.0))
     monkeypatch.setattr(engine, "_pytorch", timed(pytorch_answer, lambda: 3.0))
     for small, inputs in ((True, batch(1, 8)), (False, batch(8, 32))):
         size["small"] = small
@@ -243,7 +243,7 @@ def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, 
     decided = runtime_choices(model)
     assert sorted(decided.values()) == [False, True], decided
     block = choice.CHOICE_CALLS + 1  # the first of each is its warm-up
-    assert order[:2 * block] == [engine_answer] * block + [pytorch_answer] * block
+    assert order[:2 * block] == [engine_call] * block + [pytorch_answer] * block
 
 
 def test_int8_needs_onnx_runtime_to_hold_the_weights(graphs):

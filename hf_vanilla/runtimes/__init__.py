@@ -22,14 +22,14 @@ What they share, a room per job (both need the onnx extra: they run the graph `h
     choice.py         which answers a request size, the engine or PyTorch, measured in the process
     watch.py          what the graph was traced from, and the check on every call that the model is still that
     cache.py          graphs on disk: keys, checks, atomic writes, what may be removed
-    batches.py        the request read in numpy (the one request check), padded rows grouped by length
+    batches.py        a call served, each step once (`serve`): the request read in numpy (the one request
+                      check), the path chosen, padded rows grouped by length, the module's output built
 
 Adding an engine. An engine fed the model's weights on every call subclasses `attached.Engine` (as
 onnxruntime/engine.py does): nothing is copied, so no write can go stale and any encoder runs, but the engine lays
-the weights out for its kernels on every call. It provides `give_back()`, and a `__call__` that asks
-`batches.request_feeds` whether it can answer the call, then `choice.route` which of it and PyTorch does
-(`choice.timed` while it measures). An engine that lays the weights out once, when it compiles (int8 products, a
-compiled plan), must own them: it subclasses `owned.OwnedEncoder` (as openvino/engine.py and onnxruntime/held.py
+the weights out for its kernels on every call. It provides `give_back()`, and a `__call__` that hands the call to
+`batches.serve` with its own call (what it runs for a request, and where PyTorch must answer instead). An engine
+that lays the weights out once, when it compiles (int8 products, a compiled plan), must own them: it subclasses `owned.OwnedEncoder` (as openvino/engine.py and onnxruntime/held.py
 do), which takes and guards the weights, checks the request, decides the path and follows or refuses each change;
 the subclass names itself (`RUNTIME`, `REMOVE`, `PRECISIONS`, `FOLLOWS`) and provides `build` (compile the graph
 with given weights at a precision), `run` (the graph's outputs for some feeds) and `outputs_of`, and may provide

@@ -1,5 +1,6 @@
 """What an engine is fed and what it answers: the request read in numpy, padded rows grouped by length, the
-engine's arrays as the module's own output class, and the check at attach that they are PyTorch's answer.
+engine's arrays as the module's own output class, and the check at attach that they are PyTorch's answer. `serve`
+takes a call through those steps in order, each once, for every engine.
 
 Padded batches keep the padding-free idea: a batch whose padding is at the end of each row is split into groups of
 rows of similar length (rows sorted by length, grouped by a small dynamic programme that weighs a call's fixed cost
@@ -17,6 +18,7 @@ from transformers.modeling_outputs import (
 
 from ..export import example_inputs
 from ..kernels import is_tracing
+from . import choice
 
 # The check at attach: a right-padded (2, PROBE_TOKENS) request, both ways, within PROBE_TOLERANCE x max(1, |output|).
 # It tells this model's graph from another's (one of other weights or another model is off by 1e-2 and more), with
@@ -25,6 +27,33 @@ from ..kernels import is_tracing
 PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 # A call's fixed cost in tokens' worth of work: what grouping two rows must save in padding to pay for a second call.
 CALL_COST_TOKENS = 32
+
+
+def serve(config, arguments: dict, token_types: bool, decisions, engine, pytorch, prepare=None):
+    """One call of a module an engine stands in front of, from its arguments (by name) to its output: the request
+    read (`request_feeds`), the path chosen (`choice.route`, and timed by `choice.timed` while `decisions` measures
+    its size), the engine's arrays for it (rows grouped by length, `run_grouped`, unless the request has no padding)
+    as the module's own output (`module_output`), or PyTorch's. What the engine says:
+
+        pytorch()               the module's own answer (PyTorch), for every call the engine cannot or should not run
+        prepare(feeds)          what its call needs beside the checked request, or None where PyTorch must answer
+                                (default: the feeds themselves)
+        engine(request, dense)  (run, output names, dtype): `run(feeds) -> [arrays]` its call, `dense` for a request
+                                without padding of a size decided for the engine (its fastest call)
+    """
+    feeds = request_feeds(config, arguments, token_types)
+    request = None if feeds is None else feeds if prepare is None else prepare(feeds)
+    if request is None:
+        return pytorch()
+    path, measuring = choice.route(decisions, feeds["attention_mask"])
+
+    def answer():
+        run, names, dtype = engine(request, path == "dense")
+        outputs = run(feeds) if path == "dense" else run_grouped(run, feeds)
+        return module_output(config, dict(zip(names, outputs)), arguments.get("return_dict"), dtype)
+
+    call = pytorch if path == "pytorch" else answer
+    return call() if measuring is None else choice.timed(decisions, measuring, path, call)
 
 
 def request_feeds(config, arguments: dict, token_types: bool) -> dict | None:
@@ -147,16 +176,17 @@ def run_grouped(run, feeds: dict) -> list[np.ndarray]:
     return outputs
 
 
-def module_output(unit, outputs: dict, return_dict: bool | None, dtype: torch.dtype = torch.float32):
-    """`outputs` (output name -> float32 array) as `unit` itself returns them, in `dtype`: a BERT-style body's pooled
-    output class (or its tuple, as `return_dict` or the config says), an encoder stack's hidden-state class."""
+def module_output(config, outputs: dict, return_dict: bool | None, dtype: torch.dtype = torch.float32):
+    """`outputs` (output name -> float32 array) as the module of `config` itself returns them, in `dtype`: a
+    BERT-style body's pooled output class (or its tuple, as `return_dict` or the config says), an encoder stack's
+    hidden-state class."""
     outputs = {name: torch.from_numpy(array) for name, array in outputs.items()}
     if dtype != torch.float32:
         outputs = {name: tensor.to(dtype) for name, tensor in outputs.items()}
-    if unit.config.model_type != "vanilla_encoder":
+    if config.model_type != "vanilla_encoder":
         return BaseModelOutputWithPastAndCrossAttentions(**outputs)
     output = BaseModelOutputWithPoolingAndCrossAttentions(**outputs)
-    return output if (unit.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+    return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
 def probe(config, forward, run, token_types: bool) -> float:

@@ -49,7 +49,7 @@ from transformers import PreTrainedModel
 
 from . import choice
 from .attached import Engine, refuse_quantized, take_off
-from .batches import PROBE_TOLERANCE, module_output, probe, request_feeds, run_grouped
+from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .watch import Watch, class_code, hooked, structure_of
 
@@ -222,32 +222,18 @@ class OwnedEncoder(Engine):
 
     def _call(self, args: tuple, kwargs: dict):
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        feeds = self._feeds(arguments)
-        if feeds is None:
-            return self._pytorch(args, kwargs)
-        path, measuring = choice.route(self.choice, feeds["attention_mask"])
-        if path == "dense":
-            return self._hot(feeds, arguments)
-        call = (functools.partial(self._answer, feeds, arguments) if path == "engine"
-                else functools.partial(self._pytorch, args, kwargs))
-        return call() if measuring is None else choice.timed(self.choice, measuring, path, call)
+        return serve(self.shadow.config, arguments, self.token_types, self.choice, self._engine,
+                     functools.partial(self._pytorch, args, kwargs))
 
-    def _hot(self, feeds: dict, arguments: dict):
-        """The path of one request without padding, of a size decided for the engine. The checks run first, all of
+    def _engine(self, feeds: dict, dense: bool):
+        """(run, output names, dtype) for `feeds` (`batches.serve`): the compilation the request runs on, after the
+        check of every change, all under the lock; the engine's call runs outside it. Checks before the call, all of
         them: run beside an engine's threads on a 2-core machine they slowed both."""
         with self.lock:
             self._follow()
-            compiled = self.for_shape(*feeds["input_ids"].shape)
-        outputs = self.run_dense(compiled, feeds)
-        return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
-
-    def _answer(self, feeds: dict, arguments: dict):
-        """The body's output for `feeds`, computed by the engine (rows grouped by length), in the shadow's dtype."""
-        with self.lock:
-            self._follow()
-            compiled = self.compiled
-        outputs = run_grouped(functools.partial(self.run, compiled), feeds)
-        return module_output(self.shadow, dict(zip(self.names, outputs)), arguments.get("return_dict"), self.dtype)
+            compiled = self.for_shape(*feeds["input_ids"].shape) if dense else self.compiled
+            names, dtype = self.names, self.dtype
+        return functools.partial(self.run_dense if dense else self.run, compiled), names, dtype
 
     def _watch(self) -> Watch:
         """The per-call check of the body (hf_vanilla/runtimes/watch.py), its marker the one tensor it follows."""
@@ -299,10 +285,6 @@ class OwnedEncoder(Engine):
             self._compile()
             self._expose()
         self.watch = self._watch()
-
-    def _feeds(self, arguments: dict):
-        """The graph's inputs, or None where PyTorch (the shadow) must answer (`batches.request_feeds`)."""
-        return request_feeds(self.shadow.config, arguments, self.token_types)
 
     # ---- the doors: state dicts, copies, pickling --------------------------------------------------------------
 

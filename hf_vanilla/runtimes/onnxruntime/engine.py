@@ -30,7 +30,7 @@ import torch
 
 from .. import choice
 from ..attached import Engine
-from ..batches import PROBE_TOLERANCE, module_output, probe, request_feeds, run_grouped
+from ..batches import PROBE_TOLERANCE, probe, serve
 from ..cache import GraphCache, cache_key, export_graph, graph_io, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
 
@@ -145,36 +145,25 @@ class OnnxEncoder(Engine):
             self._reattach()
         # Keyword calls (every Hugging Face caller's) need no binding: 6 us of a 3 ms request.
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        request = self._request(arguments)
-        if request is None:
-            return self.forward(*args, **kwargs)
-        path, measuring = choice.route(self.choice, request[0]["attention_mask"])  # "dense" or "engine": one path
-        call = (functools.partial(self.forward, *args, **kwargs) if path == "pytorch"
-                else functools.partial(self._answer, request, arguments))
-        return call() if measuring is None else choice.timed(self.choice, measuring, path, call)
+        return serve(self.unit.config, arguments, self.token_types, self.choice, self._engine,
+                     functools.partial(self.forward, *args, **kwargs), prepare=self._weights)
 
-    def _request(self, arguments: dict):
-        """(the session's inputs, the weights to feed), or None where PyTorch must run the call."""
-        # Read in numpy (`batches.request_feeds`); what this quick look does not plainly accept goes to PyTorch, which
-        # answers or refuses it with its own message: torch ops right before ONNX Runtime's call cost 0.5-0.7 ms after
-        # an idle moment (bert-base 1 x 16, AMD Zen 4), nearly what numpy spends on the whole look.
-        feeds = request_feeds(self.unit.config, arguments, self.token_types)
-        if feeds is None:
-            return None
+    def _weights(self, feeds: dict):
+        """The weights to feed beside the request's `feeds` (checked in numpy by `batches.serve`: torch ops right
+        before ONNX Runtime's call cost 0.5-0.7 ms after an idle moment, bert-base 1 x 16 on AMD Zen 4, nearly what
+        numpy spends on the whole look), or None where PyTorch must run the call."""
         state = self.state
         if state is None or not state[0].unchanged():
             state = self.state = self._verify()
         watch, weights = state
         if weights is None or (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, watch.tensors))):
             return None
-        return feeds, weights
+        return weights
 
-    def _answer(self, request: tuple, arguments: dict):
-        """The unit's output for `request`, computed by ONNX Runtime."""
-        feeds, weights = request
-        run = lambda part: self.session.run(None, part | weights)  # noqa: E731
-        outputs = run_grouped(run, feeds)
-        return module_output(self.unit, dict(zip(self.outputs, outputs)), arguments.get("return_dict"))
+    def _engine(self, weights: dict, dense: bool):
+        """(run, output names, dtype) for `batches.serve`: ONNX Runtime's session fed `weights`; one call for every
+        path."""
+        return (lambda feeds: self.session.run(None, feeds | weights)), self.outputs, torch.float32
 
     def _verify(self) -> tuple:
         """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the
@@ -190,7 +179,7 @@ class OnnxEncoder(Engine):
                 warnings.warn(f"{type(unit).__name__} changed after use_onnx_runtime traced it "
                               f"({changed}): it runs in PyTorch. Call "
                               f"hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model) again to run it on ONNX "
-                              f"Runtime.", stacklevel=5)
+                              f"Runtime.", stacklevel=6)
                 self.warned = True
             return Watch(unit, []), None
         named = dict(named_tensors(unit))
