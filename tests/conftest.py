@@ -52,7 +52,8 @@ def pytest_collection_modifyitems(config, items):
         "needs the Hugging Face Hub: HF_VANILLA_HUB=1 is set, but huggingface.co:443 cannot be reached"
         if os.environ.get("HF_VANILLA_HUB") == "1" else
         "needs the Hugging Face Hub; set HF_VANILLA_HUB=1 to run it where the Hub can be reached"))
-    skip_slow = pytest.mark.skip(reason="slow (over a minute on a 2-core CPU); set HF_VANILLA_SLOW=1 to run")
+    skip_slow = pytest.mark.skip(reason="slow (20 s or more on a 2-core CPU; a faster test shows the same "
+                                        "path); set HF_VANILLA_SLOW=1 to run")
     hub = None
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():

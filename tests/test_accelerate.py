@@ -171,7 +171,7 @@ def test_two_process_training_keeps_ranks_identical_and_saves_a_loadable_model(t
         assert torch.equal(tensor, rank0[key]), f"saved model differs from rank 0 on {key}"
 
 
-@pytest.mark.parametrize("task", ["classification", "seq2seq"])
+@pytest.mark.parametrize("task", ["classification", pytest.param("seq2seq", marks=pytest.mark.slow)])
 def test_resume_from_saved_state_is_exact_with_dropout_on(task, tmp_path):
     """Dropout (0.1 on embeddings, sub-layers, attention weights and the classifier) draws new masks every step and
     the sampler shuffles: a resumed run replays both only if every random state comes back with the weights."""

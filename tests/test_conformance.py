@@ -12,6 +12,8 @@ float32 model at bfloat16's rule. The battery: right and left padding and `input
 a module replaced and a method patched on a class (each on a padded and a dense request, which engines run apart),
 and what is not a change (torch.compile wrapping nn.Module.__init__, which no call runs); concurrent calls from several
 threads; save_pretrained and from_pretrained; pickling and deep copies; a thread-count change; a later dtype move.
+The rows of an engine another row runs by another route or precision (`ENGINE_VARIANTS`) run part of it by default,
+the whole battery with HF_VANILLA_SLOW=1.
 
 Compiled runs `torch.compile` with the aot_eager backend: what a compiled model follows is decided by dynamo's
 guards, whichever backend generates the code (Inductor without freezing, its default, reads the parameters live
@@ -160,10 +162,25 @@ def plain():
 PYTORCH_ROWS = ("eager", "int8", "bf16", "compiled")
 
 
+# The rows that run an engine another row runs, by another route (measured per size, compiled per shape) or at
+# another precision: in the default run, the checks below only (their answers, the two ways of a change that reach
+# a held engine, a reload); the whole battery with HF_VANILLA_SLOW=1 (about 170 rows more, six to eight minutes on
+# 2 cores: what an engine's attach costs, every row).
+ENGINE_VARIANTS = ("runtime chosen", "openvino chosen", "openvino static", "openvino bf16", "openvino int8",
+                   "onnxruntime owned chosen", "onnxruntime owned int8")
+VARIANT_CHECKS = ("test_answers", "test_save_and_reload_give_the_same_answers")
+VARIANT_EDITS = ("load_state_dict", "a module replaced")
+
+
 @pytest.fixture(params=[pytest.param(path, id=path.name, marks=() if path.name in PYTORCH_ROWS
                                      else pytest.mark.follows) for path in PATHS])
 def path(request, tmp_path_factory, monkeypatch):
     from hf_vanilla.runtimes import choice
+    if (request.param.name in ENGINE_VARIANTS and os.environ.get("HF_VANILLA_SLOW") != "1"
+            and request.node.originalname not in VARIANT_CHECKS
+            and request.node.callspec.params.get("edit") not in VARIANT_EDITS):
+        pytest.skip(f"slow in all: the {request.param.name!r} row runs its answers, two edits and a reload by default; "
+                    "set HF_VANILLA_SLOW=1 for the whole battery on every row")
     if not _GRAPHS:
         _GRAPHS.append(tmp_path_factory.mktemp("graphs"))
     monkeypatch.setattr(choice, "CHOICE", choice.CHOICE)

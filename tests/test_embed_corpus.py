@@ -121,6 +121,7 @@ def contents(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow
 def test_a_run_resumes_only_with_what_it_began_with(corpus, one_process, tmp_path):
     """A run is keyed by what it embeds. Killed after two shards, it was resumed after its model folder was rewritten
     (shards of two models) and after a blank line of its corpus moved (then "repeats lines" at every rerun): both are

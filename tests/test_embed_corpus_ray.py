@@ -121,6 +121,7 @@ def ray_processes(ray_tmp: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_a_driver_killed_on_the_local_ray_it_started_takes_that_ray_with_it(corpus, tmp_path):
     """No --ray-address: the driver starts a local Ray, and SIGKILLs itself in mid-write. Every process of that Ray
     is gone within seconds: the raylet's DashboardAgent and RuntimeEnvAgent stayed a minute (waiting to report the
@@ -165,6 +166,7 @@ def cluster():
         cluster.shutdown()
 
 
+@pytest.mark.slow
 def test_two_nodes_with_a_worker_killed_mid_batch_give_the_one_process_embeddings(cluster, corpus, one_process,
                                                                                    tmp_path):
     """Two workers, one on each node; the first to claim the marker file SIGKILLs itself after embedding a batch and
@@ -182,6 +184,7 @@ def contents(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow
 def test_a_killed_driver_resumes_from_what_it_wrote_and_only_with_what_it_began_with(cluster, corpus, one_process,
                                                                                      tmp_path):
     """The driver SIGKILLs itself halfway through writing its third shard (its workers go with it): two whole shards
