@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -27,9 +29,10 @@ def speedup_chart(run: dict, path: Path) -> None:
 
     cases = list(run["float32"])
     engines = list(dict.fromkeys(engine for case in cases for engine in run["float32"][case]))
-    ours = set(run["ours"])
-    colours = dict(zip(sorted(ours, key=engines.index), plt.cm.Blues([0.45, 0.6, 0.75, 0.9])))
-    colours |= dict(zip([e for e in engines if e not in ours], plt.cm.Greys([0.35, 0.5, 0.65, 0.8])))
+    ours = [e for e in engines if e in run["ours"]]
+    others = [e for e in engines if e not in ours]
+    colours = dict(zip(ours, plt.cm.Blues(np.linspace(0.4, 0.95, len(ours)))))
+    colours |= dict(zip(others, plt.cm.Greys(np.linspace(0.3, 0.8, len(others)))))
     height = 0.8 / len(engines)
     figure, axes = plt.subplots(figsize=(9, 0.13 * len(cases) * len(engines) + 1.5))
     for row, case in enumerate(cases):

@@ -137,15 +137,17 @@ def test_the_performance_charts_show_the_tables_of_the_page(tmp_path):
     charts["main"](["--results", *map(str, runs), "--output", str(tmp_path)])
     page = (REPOSITORY / "docs" / "performance.md").read_text()
     names = {'runtime="onnxruntime"': '`runtime="onnxruntime"`', "onnxruntime, owned": "the same, `owned=True`",
-             'runtime="openvino"': '`runtime="openvino"`'}  # a run's engine -> the page's column
-    header = re.search(r"^\| case \| hf_vanilla \| `runtime=\"onnxruntime\"` .*$", page, flags=re.M).group(0)
-    columns = [cell.strip() for cell in header.strip("|").split("|")][1:]
+             'runtime="openvino"': '`runtime="openvino"`', 'runtime="auto"': '`runtime="auto"`',
+             "ONNX Runtime fused": "ORT fused"}  # a run's engine -> the page's column
     for run in runs:
         for chart in ("speedup", "precision"):
             assert (tmp_path / f"{run.stem}-{chart}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        section = page[page.index(f"images/{run.stem}-speedup.png"):]  # the run's table follows its chart
+        header = re.search(r"^\| case \| hf_vanilla \| `runtime=\"onnxruntime\"` .*$", section, flags=re.M).group(0)
+        columns = [cell.strip() for cell in header.strip("|").split("|")][1:]
         figures = json.loads(run.read_text())["float32"]
         for case, engines in figures.items():
-            row = re.search(rf"^\| {re.escape(case)} \|(.*)$", page, flags=re.M).group(1)
+            row = re.search(rf"^\| {re.escape(case)} \|(.*)$", section, flags=re.M).group(1)
             cells = [cell.strip().replace("*", "") for cell in row.strip("|").split("|")]
             shown = dict(zip(columns, cells))
             for engine, (idle, back) in engines.items():
