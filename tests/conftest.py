@@ -58,6 +58,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+        if getattr(item.module, "is_slow", lambda item: False)(item):  # a module's own slow rows (test_conformance)
+            item.add_marker(pytest.mark.slow)
         if "slow" in item.keywords and os.environ.get("HF_VANILLA_SLOW") != "1":
             item.add_marker(skip_slow)
         if "hub" in item.keywords:

@@ -172,15 +172,19 @@ VARIANT_CHECKS = ("test_answers", "test_save_and_reload_give_the_same_answers")
 VARIANT_EDITS = ("load_state_dict", "a module replaced")
 
 
+def is_slow(item) -> bool:
+    """Whether the collected test `item` is an engine variant's row beyond its default checks: tests/conftest.py
+    marks it `slow`, skipped unless HF_VANILLA_SLOW=1 as every slow test is."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    return (getattr(params.get("path"), "name", None) in ENGINE_VARIANTS and item.originalname not in VARIANT_CHECKS
+            and params.get("edit") not in VARIANT_EDITS)
+
+
 @pytest.fixture(params=[pytest.param(path, id=path.name, marks=() if path.name in PYTORCH_ROWS
                                      else pytest.mark.follows) for path in PATHS])
 def path(request, tmp_path_factory, monkeypatch):
     from hf_vanilla.runtimes import choice
-    if (request.param.name in ENGINE_VARIANTS and os.environ.get("HF_VANILLA_SLOW") != "1"
-            and request.node.originalname not in VARIANT_CHECKS
-            and request.node.callspec.params.get("edit") not in VARIANT_EDITS):
-        pytest.skip(f"slow in all: the {request.param.name!r} row runs its answers, two edits and a reload by default; "
-                    "set HF_VANILLA_SLOW=1 for the whole battery on every row")
     if not _GRAPHS:
         _GRAPHS.append(tmp_path_factory.mktemp("graphs"))
     monkeypatch.setattr(choice, "CHOICE", choice.CHOICE)
