@@ -43,15 +43,16 @@ from hf_vanilla import (
 )
 from hf_vanilla.precision import quantize_int8
 from hf_vanilla.runtime_registry import apply_runtime
-from hf_vanilla.runtimes import choice
+from hf_vanilla.runtimes import choice, owned
 from hf_vanilla.runtimes.choice import runtime_choices
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               max_position_embeddings=64, num_labels=3)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
+    """One graph folder for the module: each architecture is exported once (test_a_second_model_finds_its_graph)."""
     return tmp_path_factory.mktemp("graphs")
 
 
@@ -105,6 +106,22 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
         tmp_path, runtime=held, runtime_options=options(held, cache_dir=str(graphs)))
     with torch.inference_mode():
         assert_close(reloaded(**inputs).logits, plain(**inputs).logits)
+
+
+def test_a_second_model_finds_its_graph(held, tmp_path, engine_only, monkeypatch):
+    """The graph is kept per architecture, not per model: holding a second model of the same shape exports nothing,
+    and the kept graph computes with the second model's own weights."""
+    exported, export = [], owned.export_graph
+    monkeypatch.setattr(owned, "export_graph", lambda *args: exported.append(args[-1]) or export(*args))
+    inputs = batch()
+    real = inputs["attention_mask"].bool()
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+        model = hold(copy.deepcopy(plain), held, tmp_path)
+        with torch.inference_mode():
+            assert_close(model(**inputs).last_hidden_state[real], plain(**inputs).last_hidden_state[real])
+    assert len(exported) == 1
 
 
 @pytest.mark.parametrize("case, error", [

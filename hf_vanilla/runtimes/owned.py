@@ -112,6 +112,9 @@ class OwnedEncoder(Engine):
         # Its own tensors, the body's own forward (the engine is not in front yet), and the body's config object: what
         # a user sets on model.config reaches both (a field the graph baked in is a change the watch sees).
         shadow = copy.deepcopy(unit, {id(unit.config): unit.config})
+        for module in shadow.modules():  # `hold`'s counting methods answer for the user's model, not for this copy:
+            for name in HOLD_METHODS:  # copied into it, they would make its graph's cache key new at every attach
+                vars(module).pop(name, None)
         dtype = self.PRECISIONS[self.precision] or next(unit.parameters()).dtype
         self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
         self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
@@ -464,6 +467,11 @@ def tensors_of(shadow) -> dict:
                                                                        *shadow.named_buffers()]}
 
 
+# The methods `hold` answers on each PreTrainedModel of a model it holds, for the weights the engines hold.
+_LOOKUPS = (("get_parameter", {True}), ("get_buffer", {False}), ("get_parameter_or_buffer", {True, False}))
+HOLD_METHODS = ("num_parameters", "get_memory_footprint", *(name for name, _ in _LOOKUPS))
+
+
 def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str, **options):
     """Put `engine` (an OwnedEncoder class) in front of each encoder body of `model`, holding its weights at
     `precision` (one of its PRECISIONS, as the caller checked: runtimes/options.py), after the checks that leave the model whole when it cannot (the module docstring); engines already
@@ -494,9 +502,7 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
             vars(module).update(num_parameters=functools.partial(num_parameters, module),
                                 get_memory_footprint=functools.partial(memory_footprint, module))
             vars(module).update({name: functools.partial(_or_held, getattr(type(module), name), kinds, module)
-                                 for name, kinds in (("get_parameter", {True}), ("get_buffer", {False}),
-                                                     ("get_parameter_or_buffer", {True, False}))
-                                 if hasattr(type(module), name)})
+                                 for name, kinds in _LOOKUPS if hasattr(type(module), name)})
     for unit in units:
         engine(unit, precision, threads or torch.get_num_threads(), cache, **options)
     return model
