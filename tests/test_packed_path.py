@@ -68,17 +68,16 @@ def test_packed_equals_padded_eager(model, attn, case, packed_batches):
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                   output_hidden_states=True)
 
-    packed_calls = packed_batches
     # A row that starts with padding (left padding, an all-padding row) keeps the batch on the padded path, where
     # position 0, which the pooled heads read, is computed as transformers' BERT computes it.
     packs = bool(attention_mask[:, 0].all())
     with torch.no_grad():
         model.set_attn_implementation("eager")
         padded = model(**inputs, output_attentions=True)  # attention maps: the padded path
-        assert not packed_calls
+        assert not packed_batches
         model.set_attn_implementation(attn)
         packed = model(**inputs)
-    assert bool(packed_calls) == packs, "packed exactly when every row starts with a real token"
+    assert bool(packed_batches) == packs, "packed exactly when every row starts with a real token"
 
     real = attention_mask.bool()
     assert len(padded.hidden_states) == len(packed.hidden_states) == model.config.num_hidden_layers + 1

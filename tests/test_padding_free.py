@@ -289,12 +289,11 @@ def test_decoder_only_trains_padding_free_on_padded_batches(attn, packed_batches
     model.set_attn_implementation(attn)
     input_ids, mask = padded(sequences(8), pad=0)
     labels = input_ids.masked_fill(mask == 0, -100)  # as DataCollatorForLanguageModeling(mlm=False) labels them
-    calls = packed_batches
     expected, expected_gradients = training_step(model, attn, input_ids=input_ids, attention_mask=mask,
                                                  labels=labels, output_attentions=True)  # maps: the padded path
-    assert not calls
+    assert not packed_batches
     out, actual_gradients = training_step(model, attn, input_ids=input_ids, attention_mask=mask, labels=labels)
-    assert calls, "a padded batch with labels runs padding-free"
+    assert packed_batches, "a padded batch with labels runs padding-free"
     real = mask.bool()
     assert_close(out.logits[real], expected.logits[real].detach(), msg="logits at real tokens")
     assert_close(out.loss, expected.loss.detach(), msg="loss")
@@ -312,13 +311,12 @@ def test_seq2seq_trains_padding_free_on_padded_batches(attn, packed_batches):
     source, source_mask = padded(sequences(9), pad=0)
     labels, _ = padded(sequences(10, (4, 2, 7, 7, 3, 1)), pad=0, side_value=-100)
     decoder_input_ids = shift_tokens_right(labels, 0, 1)
-    calls = packed_batches
     expected, expected_gradients = training_step(  # the padded computation: every target position, no decoder mask
         model, attn, input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_input_ids,
         labels=labels, output_attentions=True)
-    assert not calls
+    assert not packed_batches
     out, actual_gradients = training_step(model, attn, input_ids=source, attention_mask=source_mask, labels=labels)
-    assert len(calls) == 3, "the encoder, and the decoder's targets and sources, run padding-free"
+    assert len(packed_batches) == 3, "the encoder, and the decoder's targets and sources, run padding-free"
     labelled = labels != -100
     assert_close(out.logits[labelled], expected.logits[labelled].detach(), msg="logits at labelled positions")
     assert_close(out.loss, expected.loss.detach(), msg="loss")
@@ -332,12 +330,11 @@ def test_masked_lm_scores_the_real_tokens_alone(packed_batches):
     model = randomised(VanillaEncoderForMaskedLM(encoder_config())).train()
     input_ids, mask = padded(sequences(11), pad=0)
     labels = input_ids.masked_fill((mask == 0) | (torch.arange(input_ids.shape[1]) % 3 != 1), -100)
-    calls = packed_batches
     expected, expected_gradients = training_step(model, "sdpa", input_ids=input_ids, attention_mask=mask,
                                                  labels=labels, output_attentions=True)
-    assert not calls
+    assert not packed_batches
     out, actual_gradients = training_step(model, "sdpa", input_ids=input_ids, attention_mask=mask, labels=labels)
-    assert calls
+    assert packed_batches
     real = mask.bool()
     assert_close(out.logits[real], expected.logits[real].detach(), msg="logits at real tokens")
     assert_close(out.loss, expected.loss.detach(), msg="loss")
