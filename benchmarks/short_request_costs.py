@@ -13,8 +13,8 @@ Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first tabl
    which has eight engines a round); and ONNX Runtime alone in a process of its own at that cadence, as a service
    holding one model would call it.
 2. **Our call taken apart**, in rounds: OpenVINO alone on our request's own compilation (the call the engine makes),
-   then with the request's checks (`_feeds`), the ownership check (`_follow`: hf_vanilla/runtimes/watch.py), the
-   output class (`module_output`), and the whole call through the model.
+   then with the request's checks (`batches.request_feeds`), the ownership check (`_follow`:
+   hf_vanilla/runtimes/watch.py), the output class (`module_output`), and the whole call through the model.
 
 Medians in ms [interquartile range], the CPU named in the header.
 """
@@ -36,7 +36,7 @@ from engines import cpu_header, graph_feeds, openvino_compile, ort_session
 
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.export import export_encoder
-from hf_vanilla.runtimes.batches import module_output
+from hf_vanilla.runtimes.batches import module_output, request_feeds
 from hf_vanilla.runtimes.openvino import use_openvino
 
 REQUEST = [[101, *range(2000, 2014), 102]]  # one query of 16 tokens, [CLS] and [SEP] included
@@ -111,26 +111,27 @@ def stages(engine, inputs):
     input_ids, attention_mask = inputs
     compiled = next(iter(engine.static.values()))
     arguments = {"input_ids": input_ids, "attention_mask": attention_mask}
-    fixed = engine._feeds(arguments)
+    config = engine.shadow.config
+    fixed = request_feeds(config, arguments, engine.token_types)
 
     def openvino_alone():
         return engine.run_dense(compiled, fixed)
 
     def checks():
-        return engine.run_dense(compiled, engine._feeds(arguments))
+        return engine.run_dense(compiled, request_feeds(config, arguments, engine.token_types))
 
     def ownership():
-        feeds = engine._feeds(arguments)
+        feeds = request_feeds(config, arguments, engine.token_types)
         with engine.lock:
             engine._follow()
         return engine.run_dense(compiled, feeds)
 
     def output():
-        feeds = engine._feeds(arguments)
+        feeds = request_feeds(config, arguments, engine.token_types)
         with engine.lock:
             engine._follow()
         outputs = engine.run_dense(compiled, feeds)
-        return module_output(engine.shadow, dict(zip(engine.names, outputs)), None).last_hidden_state
+        return module_output(config, dict(zip(engine.names, outputs)), None).last_hidden_state
 
     return {"OpenVINO on the shape's own compilation": openvino_alone, "+ the request's checks": checks,
             "+ the ownership check": ownership, "+ the output class": output}
