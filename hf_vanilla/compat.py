@@ -12,6 +12,8 @@ the way the installed transformers reads it. The same name is the keyword transf
 wrapper (`GradientCheckpointingLayer`) drops from a layer's call, so the decoder layers take the cache under it.
 """
 
+import inspect
+
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -61,6 +63,19 @@ def flex_attention_forward(module, query, key, value, attention_mask, **kwargs):
     if query.device.type == "cpu":
         query, key, value = (x.contiguous() for x in (query, key, value))
     return ALL_ATTENTION_FUNCTIONS["flex_attention"](module, query, key, value, attention_mask, **kwargs)
+
+
+def varlen_attention(query, key, value, cu_seq_q, cu_seq_k, max_q: int, max_k: int, causal: bool, scale: float):
+    """torch's `torch.nn.attention.varlen.varlen_attn` (flash attention over sequences laid end to end, CUDA, half
+    precision), or None where the installed torch has none. Its causal switch moved: torch 2.9-2.11 take
+    `is_causal=True`, later releases `window_size=(-1, 0)`."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    causal_keyword = ({"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters
+                      else {"is_causal": True}) if causal else {}
+    return varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, **causal_keyword)
 
 
 # ---- transformers' private names, each with why no public one serves ------------------------------------------

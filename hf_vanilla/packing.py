@@ -6,7 +6,8 @@ real tokens of the batch laid end to end as one (N, E) tensor, and skip the padd
 positions, so it runs within each sequence: neighbouring sequences of equal length are one (count, H, L, D) view of
 the packed tensor, without a copy, and share one kernel call (the sequences are laid end to end shortest first where
 that makes more of them neighbours), so a mostly full batch, or many sentences of a few lengths, costs a few calls
-rather than one per sequence. The result is scattered back to (B, T, E) once, at the end.
+rather than one per sequence. On a CUDA GPU in half precision, where each call waits on Python, the whole batch is
+one flash-attention call instead (`one_kernel_call`). The result is scattered back to (B, T, E) once, at the end.
 
 Two inputs arrive this way:
 - a padded batch: a 2-D `attention_mask` whose every row starts with a real token (right padding, as BERT-family
@@ -31,6 +32,7 @@ import itertools
 
 import torch
 
+from .compat import varlen_attention
 from .kernels import is_tracing
 from .masks import sequence_causal_mask
 
@@ -220,6 +222,10 @@ def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, k
     alone when `causal`. Each run of neighbours of equal lengths is one (count, H, L, D) batch; 4-D inputs keep sdpa
     on its fused CPU kernels (3-D ones fall back to plain math)."""
     N, H, D = query.shape
+    if one_kernel_call(module, query, seq_lens, dropout):
+        context = attention_in_one_call(query, key, value, seq_lens, key_lens, causal, scaling)
+        if context is not None:
+            return context.reshape(N, H * D)  # (N, H, D) -> (N, E)
     contexts, start, key_start = [], 0, 0
     for (length, key_length), run in itertools.groupby(zip(seq_lens, key_lens)):
         count = len(list(run))
@@ -231,6 +237,30 @@ def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, k
         contexts.append(context.reshape(end - start, H * D))  # (count * L, E): Concat(head_1..head_H)
         start, key_start = end, key_end
     return contexts[0] if len(contexts) == 1 else torch.cat(contexts)  # (N, E)
+
+
+def one_kernel_call(module, query, seq_lens, dropout) -> bool:
+    """Whether attention over sequences of several lengths runs as one flash-attention call over the packed tokens
+    (`attention_in_one_call`) rather than one call per run of equal lengths: on a CUDA GPU of compute capability 8 or
+    more, in bfloat16 or float16, under sdpa (whose fastest CUDA kernel flash attention is), without attention
+    dropout, at a head size flash attention takes. A GPU waits for each call's Python and launch: measured on an
+    H200 (torch 2.11, bert-base bf16, 64 rows of lengths 16..256), 52 lengths made 624 calls a forward, 43 ms against
+    transformers' padded 9 ms, where the same tokens at one length took 4.6. The CPU keeps the calls per length: its
+    kernels take the 4-D batches (`attend_within_sequences`)."""
+    D = query.shape[-1]
+    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and len(set(seq_lens)) > 1
+            and module.config._attn_implementation == "sdpa" and not dropout and D % 8 == 0 and D <= 256
+            and torch.cuda.get_device_capability(query.device) >= (8, 0))
+
+
+def attention_in_one_call(query, key, value, seq_lens, key_lens, causal, scaling):
+    """Attention of every packed sequence in one call: query (N, H, D), key, value (M, H, D) -> (N, H, D), or None
+    where the installed torch has no varlen attention (compat.varlen_attention)."""
+    def cumulative(lengths):  # (count + 1,): where each sequence starts, then the total
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=query.device)
+
+    return varlen_attention(query, key, value, cumulative(seq_lens), cumulative(key_lens), max(seq_lens),
+                            max(key_lens), causal, scaling)
 
 
 __all__ = ["FORMAT_KEYWORDS", "PackedBatch", "attend_within_sequences", "can_pack", "can_pack_source",

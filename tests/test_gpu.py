@@ -7,6 +7,8 @@ What they claim, on every GPU visible:
   cutting only between layers, with the logits of a single-device run;
 - on the same weights, ours equals transformers' BERT in fp32 (TF32 off; eager and sdpa attention), and in bf16 and
   fp16 stays within the rule of tests/numerics.py of BERT in fp32, as BERT's own half-precision run does;
+- in bf16, a padded batch of many lengths attends in one flash-attention call per layer (packing.one_kernel_call)
+  and answers as the calls per length do, forward and backward;
 - `generate()` on the GPU gives the CPU's tokens (fp32, greedy and beam search) and runs in bf16;
 - benchmarks/gpu.py (padded-batch speed-up in bf16 and fp32, TFLOP/s) runs and its outputs pass its checks;
 - FSDP2 over NCCL on two GPUs follows the one-GPU loss curve (examples/train_accelerate.py --fsdp), and a bf16
@@ -27,7 +29,12 @@ from transformers import BertConfig, BertForMaskedLM
 
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.conversion.parity import verification_batch
-from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
+from hf_vanilla import (
+    VanillaEncoderConfig,
+    VanillaEncoderForMaskedLM,
+    VanillaSeq2SeqConfig,
+    VanillaSeq2SeqForConditionalGeneration,
+)
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,20 +67,26 @@ def gpu_batch(config, device="cuda"):
     return batch, batch["attention_mask"].bool()
 
 
+def dispatched(model) -> dict:
+    """transformers' `hf_device_map`: module -> device, which it sets only where accelerate dispatched the model over
+    several devices (transformers 5.17 sets none for a model all on one GPU); {} where it set none."""
+    return getattr(model, "hf_device_map", {})
+
+
 def test_device_map_auto_places_the_model_on_the_gpu(bert_pair):
     _, _, ours, saved = bert_pair
     loaded = type(ours).from_pretrained(saved, device_map="auto")
-    assert set(loaded.hf_device_map.values()) == {0}
-    assert loaded.lm_head.decoder.weight.device == torch.device("cuda:0")
+    assert {tensor.device for tensor in loaded.state_dict().values()} == {torch.device("cuda:0")}
+    assert set(dispatched(loaded).values()) <= {0}
 
 
 def test_balanced_device_map_uses_every_gpu_and_cuts_only_between_layers(bert_pair, no_tf32):
     _, _, ours, saved = bert_pair
     gpus = torch.cuda.device_count()
     loaded = type(ours).from_pretrained(saved, device_map="balanced")
-    placed = set(loaded.hf_device_map.values())
-    assert placed == set(range(gpus)), f"{gpus} GPUs visible, model placed on {placed}: {loaded.hf_device_map}"
-    assert not [key for key in loaded.hf_device_map if INSIDE_A_LAYER.search(key)], loaded.hf_device_map
+    placed = {tensor.device.index for tensor in loaded.state_dict().values()}
+    assert placed == set(range(gpus)), f"{gpus} GPUs visible, model placed on {placed}: {dispatched(loaded)}"
+    assert not [key for key in dispatched(loaded) if INSIDE_A_LAYER.search(key)], dispatched(loaded)
     batch, mask = gpu_batch(ours.config, "cuda:0")
     single = type(ours).from_pretrained(saved).to("cuda:0").eval()
     with torch.no_grad():
@@ -109,6 +122,53 @@ def test_half_precision_parity_with_bert_on_gpu(bert_pair, dtype, no_tf32):
     assert ours_logits.dtype == dtype and torch.isfinite(ours_logits).all()
     bert_error = (bert_logits.float() - expected).abs().max().item()
     assert_close(ours_logits, expected, dtype=dtype, msg=f"ours (BERT's own {dtype} run is off by {bert_error:.1e})")
+
+
+@pytest.mark.parametrize("family", ["encoder", "seq2seq"])
+def test_many_lengths_attend_in_one_call_per_layer_in_half_precision(family, monkeypatch):
+    """In bfloat16 under sdpa, a right-padded batch of many lengths runs flash attention's varlen kernel once per
+    attention layer (`packing.one_kernel_call`), forward and backward, and answers as the calls per length do (the
+    CPU's path), within the bf16 rule: an encoder's self-attention; a decoder's causal self-attention and its
+    cross-attention to sources of other lengths."""
+    from hf_vanilla import packing
+
+    one_call, calls = packing.attention_in_one_call, []
+    monkeypatch.setattr(packing, "attention_in_one_call", lambda *args: calls.append(1) or one_call(*args))
+    torch.manual_seed(0)
+    if family == "encoder":
+        model = small_encoder()
+        layers = model.config.num_hidden_layers
+    else:
+        model = small_seq2seq()
+        layers = model.config.num_hidden_layers + 2 * model.config.decoder_layers
+    model = model.to("cuda", torch.bfloat16).eval()  # eval: no dropout; gradients still flow
+    sources, targets = [5, 9, 13, 17, 7, 11], [4, 8, 6, 10, 3, 12]
+    ids = torch.randint(5, model.config.vocab_size, (len(sources), max(sources)), device="cuda")
+    mask = (torch.arange(max(sources), device="cuda")[None] < torch.tensor(sources, device="cuda")[:, None]).long()
+    labels = ids if family == "encoder" else torch.randint(5, 300, (len(targets), max(targets)), device="cuda")
+    keep = mask.bool() if family == "encoder" else (torch.arange(max(targets), device="cuda")[None]
+                                                     < torch.tensor(targets, device="cuda")[:, None])
+    labels = labels.masked_fill(~keep, -100)
+
+    def step():
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        return out.logits[keep].float(), {name: p.grad.float() for name, p in model.named_parameters()
+                                          if p.grad is not None}
+
+    logits, gradients = step()
+    assert len(calls) == layers, f"{len(calls)} one-call attentions for {layers} attention layers"
+    monkeypatch.setattr(packing, "one_kernel_call", lambda *args: False)
+    expected_logits, expected_gradients = step()
+    assert_close(logits, expected_logits, dtype=torch.bfloat16, msg="logits at real tokens")
+    for name, gradient in expected_gradients.items():
+        assert_close(gradients[name], gradient, dtype=torch.bfloat16, msg=f"gradient of {name}")
+
+
+def small_encoder():
+    return VanillaEncoderForMaskedLM(VanillaEncoderConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2,
+                                                          num_attention_heads=4, intermediate_size=128))
 
 
 def small_seq2seq():
