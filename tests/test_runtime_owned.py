@@ -43,7 +43,7 @@ from hf_vanilla import (
 )
 from hf_vanilla.precision import quantize_int8
 from hf_vanilla.runtime_registry import apply_runtime
-from hf_vanilla.runtimes import choice, owned
+from hf_vanilla.runtimes import choice
 from hf_vanilla.runtimes.choice import runtime_choices
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -111,6 +111,8 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
 def test_a_second_model_finds_its_graph(held, tmp_path, engine_only, monkeypatch):
     """The graph is kept per architecture, not per model: holding a second model of the same shape exports nothing,
     and the kept graph computes with the second model's own weights."""
+    from hf_vanilla.runtimes import owned  # after `held` has skipped where the engine's packages are missing
+
     exported, export = [], owned.export_graph
     monkeypatch.setattr(owned, "export_graph", lambda *args: exported.append(args[-1]) or export(*args))
     inputs = batch()
