@@ -12,6 +12,7 @@ the way the installed transformers reads it. The same name is the keyword transf
 wrapper (`GradientCheckpointingLayer`) drops from a layer's call, so the decoder layers take the cache under it.
 """
 
+import functools
 import inspect
 
 import torch
@@ -67,15 +68,27 @@ def flex_attention_forward(module, query, key, value, attention_mask, **kwargs):
 
 def varlen_attention(query, key, value, cu_seq_q, cu_seq_k, max_q: int, max_k: int, causal: bool, scale: float):
     """torch's `torch.nn.attention.varlen.varlen_attn` (flash attention over sequences laid end to end, CUDA, half
-    precision), or None where the installed torch has none. Its causal switch moved: torch 2.9-2.11 take
-    `is_causal=True`, later releases `window_size=(-1, 0)`."""
+    precision), or None where the installed torch has none."""
+    found = _varlen_attn()
+    if found is None:
+        return None
+    varlen_attn, causal_keyword = found
+    return varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                       **(causal_keyword if causal else {}))
+
+
+@functools.cache
+def _varlen_attn():
+    """(varlen_attn, its causal keyword) or None, found at the first call rather than at import (the module
+    registers a custom op, which an import of hf_vanilla on a CPU need not pay) and not at every layer's call. The
+    causal switch moved: torch 2.10 takes `is_causal=True`, 2.11 and later `window_size=(-1, 0)`."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    causal_keyword = ({"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters
-                      else {"is_causal": True}) if causal else {}
-    return varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, **causal_keyword)
+    causal = ({"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters
+              else {"is_causal": True})
+    return varlen_attn, causal
 
 
 # ---- transformers' private names, each with why no public one serves ------------------------------------------
