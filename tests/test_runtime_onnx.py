@@ -251,8 +251,9 @@ def test_what_onnx_runtime_cannot_answer_runs_in_pytorch(base):
     for bad in (input_ids + runtime.config.vocab_size, input_ids - 2000):  # PyTorch's check and message
         with pytest.raises(ValueError, match="input_ids contains"), torch.inference_mode():
             runtime(input_ids=bad, attention_mask=mask)
-    with pytest.raises(ValueError, match="attention_mask must hold 1"), torch.inference_mode():
-        runtime(input_ids=input_ids, attention_mask=mask * 2)
+    for bad in (mask * 2, mask.masked_fill(mask == 0, -1), mask * 0.5):
+        with pytest.raises(ValueError, match="attention_mask must hold 1"), torch.inference_mode():
+            runtime(input_ids=input_ids, attention_mask=bad)
     assert calls.count == 0
 
 
