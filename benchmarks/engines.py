@@ -28,8 +28,8 @@ Engines, each given the same number of threads (--threads, default 2):
                     reduced-precision table also at precision "int8" (ONNX Runtime's int8 products, each token on its
                     own range)
     hf_vanilla auto  ours after `hf_vanilla.runtimes.auto.use_auto(model)` (`runtime="auto"`): whichever of the
-                    paths above measured fastest at attach (a second or two, printed with its timings; cold start
-                    has the cost), per request size that engine or eager PyTorch; its float32 row also says auto /
+                    paths above measured fastest at attach (printed with its timings; cold start has the
+                    cost), per request size that engine or eager PyTorch; its float32 row also says auto /
                     the fastest float32 engine (ours included), the issue 46 goal
     hf_vanilla auto fastest  the same at `precision="fastest"` (int8 and bf16 paths too, at a lowest token cosine of
                     0.984 or more on its probe); in the any-precision table against the fastest engine of all (ours

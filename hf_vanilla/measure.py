@@ -6,7 +6,7 @@ the shapes, the threads and the cache, and no threshold is right on Intel and AM
     kernels.VanillaLinear    F.linear (MKL) or oneDNN's matmul, per (in, out, rows bucket, threads)
     runtimes/choice.py       an engine (ONNX Runtime, OpenVINO) or PyTorch, per request size (rows, real tokens,
                              threads)
-    runtimes/auto.py         which engine a model runs on (runtime="auto"), at attach, in blocks in balanced orders
+    runtimes/auto.py         which engine a model runs on (runtime="auto"), at attach, in balanced orders
 
 Each is a `MeasuredChoice`: an incumbent (the plain computation, which runs while nothing is decided and wherever
 the measurement is not clear) and one challenger. The first calls of a key time the candidates in turn until each
@@ -30,6 +30,7 @@ import time
 import weakref
 
 clock = time.perf_counter  # what every choice times with: tests replace it
+sleep = time.sleep  # how a measurement idles before a call (runtime='auto'): tests replace it with their clock's
 
 _choices: "weakref.WeakSet[MeasuredChoice]" = weakref.WeakSet()
 _turns: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # owner (a layer) -> its timed calls so far
@@ -99,8 +100,8 @@ class MeasuredChoice:
                 del self._trials[key]
 
     def decide(self, key, challenger: bool) -> None:
-        """Decide `key` without timing it here: for a decision measured elsewhere by the same method (runtime="auto"
-        times the engines in blocks at attach, hf_vanilla/runtimes/auto.py, and keeps what it measured)."""
+        """Decide `key` without timing it here: for a decision measured elsewhere (runtime="auto"
+        times the engines at attach, hf_vanilla/runtimes/auto.py, and keeps what it measured)."""
         with self._lock:
             self._trials.pop(key, None)
             self._decided[key] = bool(challenger)

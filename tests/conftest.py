@@ -70,8 +70,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 class ScriptedClock:
-    """hf_vanilla.measure's clock, scripted: time moves only when a test says so (`advance`, or a computation wrapped
-    by `costing`), so a measured choice decides the same on a quiet machine and a busy one."""
+    """hf_vanilla.measure's clock, scripted: time moves only when a test says so (`advance`, which is also the
+    measurement's sleep, or a computation wrapped by `costing`), so a measured choice decides the same on a quiet
+    machine and a busy one."""
 
     def __init__(self):
         self.now = 0.0
@@ -96,6 +97,7 @@ def scripted_clock(monkeypatch):
 
     clock = ScriptedClock()
     monkeypatch.setattr(measure, "clock", clock)
+    monkeypatch.setattr(measure, "sleep", clock.advance)
     return clock
 
 

@@ -10,6 +10,7 @@
 - `from_pretrained(path, runtime="auto")`; bad options refused with a one-line error.
 """
 
+import itertools
 import json
 
 import pytest
@@ -42,6 +43,7 @@ def one_round(monkeypatch):
     fast)."""
     monkeypatch.setattr(auto, "ROUNDS", 1)
     monkeypatch.setattr(auto, "BLOCK", 1)
+    monkeypatch.setattr(auto, "QUERIES", 1)
     monkeypatch.setattr(auto, "BUDGET_S", 0.0)
     monkeypatch.setattr(auto, "saturated", lambda: None)  # the machine running the tests may be busy
 
@@ -65,18 +67,23 @@ def model_of(cls=VanillaEncoderModel, seed=0):
 
 
 def scripted(monkeypatch, clock, costs, calls=None):
-    """Each path's call costs `costs[path]` seconds (or `costs[path][request]`; 1 s where not named) on the scripted
-    clock; `calls` (a list) records (path, request) of every call."""
+    """Each path's call costs `costs[path]` seconds (or `costs[path][request]`; 1 s where not named; a list: its
+    seconds in turn, call after call) on the scripted clock; `calls` (a list) records (path, request) of every call."""
     original = auto.runner
 
     def runner(model, path, inputs):
         request = "short" if inputs["input_ids"].shape[0] == 1 else "padded"
         cost = costs.get(path.name, 1.0)
         cost = cost[request] if isinstance(cost, dict) else cost
-        run = clock.costing(original(model, path, inputs), cost)
-        if calls is None:
-            return run
-        return lambda: (calls.append((path.name, request)), run())[1]
+        turns = itertools.cycle(cost if isinstance(cost, list) else [cost])
+        call = original(model, path, inputs)
+
+        def run():
+            clock.advance(next(turns))
+            if calls is not None:
+                calls.append((path.name, request))
+            return call()
+        return run
     monkeypatch.setattr(auto, "runner", runner)
 
 
@@ -127,6 +134,26 @@ def test_each_measured_size_keeps_its_engine_or_pytorch(graphs, scripted_clock, 
     assert auto.auto_choice(model).times_ms["onnxruntime"] == pytest.approx({"short": 100.0, "padded": 200.0})
     short, padded = key_of(1, 16), key_of(4, 32 + 24 + 16 + 8)
     assert runtime_choices(model) == {short: True, padded: False}
+
+
+def test_queries_are_timed_after_an_idle_moment_and_by_their_median(graphs, scripted_clock, monkeypatch):
+    """Each timed short query follows IDLE_S of idle; and a path whose queries are fast one time in three and slow
+    otherwise (ONNX Runtime's short calls are bimodal on the VMs measured) loses to a steady one between the two: the
+    median of its calls decides, not its best."""
+    monkeypatch.setattr(auto, "ROUNDS", 2)
+    monkeypatch.setattr(auto, "QUERIES", 3)
+    events = []
+    monkeypatch.setattr(auto.measure, "sleep", lambda seconds: (events.append(("idle", seconds)),
+                                                                scripted_clock.advance(seconds)))
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned": {"short": [0.05, 0.3, 0.3], "padded": 0.1},
+                                           "onnxruntime": {"short": 0.1, "padded": 0.1}}, events)
+    model = auto.use_auto(model_of(), cache_dir=graphs)
+    assert auto.auto_choice(model).runtime == "onnxruntime"
+    assert auto.auto_choice(model).engine_ms["onnxruntime owned"]["short"] == pytest.approx(300.0)
+    timed = events[events.index(("idle", auto.IDLE_S)):]  # the untimed first calls of each path come before
+    queries = [i for i, event in enumerate(timed) if event[1] == "short"]
+    assert len(queries) == 2 * 3 * len(auto.auto_choice(model).times_ms)  # rounds x queries x paths measured
+    assert all(timed[i - 1] == ("idle", auto.IDLE_S) for i in queries)
 
 
 def test_a_tie_goes_to_the_path_with_fewer_restrictions(graphs, scripted_clock, monkeypatch):

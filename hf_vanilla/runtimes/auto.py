@@ -15,16 +15,22 @@ a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model'
 OpenVINO holding them, and with `precision="fastest"` their int8 forms and OpenVINO's bf16 where the CPU multiplies
 bf16 natively (`hf_vanilla.precision.bf16_is_fast`). Each is attached to its own copy of the model and timed on the
 model's encoder at two requests: one short dense row (`SHORT`) and a right-padded batch (`PADDED`), as the engine
-will run them (the engine's own path; PyTorch's separately). Timing is what hf_vanilla.measure does for the
-per-request-size choice: each path's calls in a block, the first of each block not counted (a call right after
-another engine's pays for that engine's spinning threads, which no request to a model holding one engine pays),
-blocks in balanced orders (`measure.balanced_orders`: a Williams design, each path right after each other one
-equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed (a second or two on a quiet
-machine; a round takes longer on a busy one). A path's time at a request is the median of its best block: on a
-shared machine another process's burst only adds time, to whichever block it hits. A machine saturated throughout
-defeats it (docs/performance.md: on 2 cores under a load of 6-9, inside a process holding some twenty engines,
-every MiniLM engine measured level with PyTorch, where OpenVINO is 2.6x faster when quiet). Its cost, with the
-attach of every path, is logged at INFO.
+will run them (the engine's own path; PyTorch's separately), each as such requests come, in balanced orders
+(`measure.balanced_orders`: a Williams design, each path right after each other one equally often), for `ROUNDS`
+rounds at least and until `BUDGET_S` seconds have passed:
+- the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
+  `QUERIES` times a round. The idle decides which engine answers a query first: MiniLM on a 2-core Zen 4, ONNX
+  Runtime holding the weights answered 15% sooner than OpenVINO after 20 ms of idle, and after none (calls back to
+  back); OpenVINO was sooner after 50 ms and after 200 ms, as in the benchmark's rounds, which is how queries come;
+- the padded batch in blocks, as batches come back to back: the block's first call not counted (right after another
+  engine's, it pays for that engine's spinning threads, which no request to a model holding one engine pays), then
+  `BLOCK` calls, their median.
+A path's time at a request is the median of its samples, not the best: ONNX Runtime's short calls are bimodal on the
+VMs measured, and the best of a few samples chose by luck (MiniLM, eight loads: OpenVINO six times, ONNX Runtime
+twice). About 5 s for MiniLM on 2 cores, attaching included, 15-25 s for a model of bert-base's size, once per
+machine (the decision is kept, below). A machine saturated throughout defeats it (docs/performance.md: on 2 cores
+under a load of 6-9, inside a process holding some twenty engines, every MiniLM engine measured level with PyTorch,
+where OpenVINO is 2.6x faster when quiet). Its cost, with the attach of every path, is logged at INFO.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch,
@@ -52,7 +58,7 @@ What it costs. The measurement holds a copy of the model per engine path (the en
 copy's), freed after: where memory is tight, name the engine. The chosen engine's rules are the model's (a held
 engine refuses training and edits it cannot follow: docs/deploy.md); a user who edits weights between calls or
 trains names `runtime="onnxruntime"` (fed the weights) or none. `runtime=None` stays eager PyTorch: auto measures
-for a second or two and may hand the weights to an engine, which an existing caller did not ask for.
+for seconds and may hand the weights to an engine, which an existing caller did not ask for.
 """
 
 import copy
@@ -96,12 +102,14 @@ def _apply(model, runtime: str, **options):
         from .openvino import use_openvino as use
     return use(model, **options)
 
-FORMAT = 1  # of the auto-<key>.json files: bump when what they hold changes
+FORMAT = 2  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
-BUDGET_S = 1.5  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
-ROUNDS = 2  # rounds of blocks at least, whatever the budget
-BLOCK = 3  # timed calls per block, after its first (not timed)
+BUDGET_S = 2.0  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
+ROUNDS = 3  # rounds at least, whatever the budget
+QUERIES = 3  # timed calls of the short query per path and round, each after IDLE_S and another path's call
+IDLE_S = 0.05  # the idle moment before each short query, as benchmarks/engines.py idles (why: the module docstring)
+BLOCK = 3  # timed calls of the padded batch per block, after its first (not timed)
 WARM_CALLS = 40  # untimed calls of each path and request at most, until PyTorch's kernels are chosen
 TIE = 1.02  # a path this close to the fastest, earlier in PATHS, is preferred
 ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (the module docstring)
@@ -255,8 +263,8 @@ def runner(model, path: Path, inputs: dict):
 
 
 def _measure(model, precision, threads, cache_dir, paths, left_out) -> AutoChoice:
-    """Attach each path to its own copy of `model`, check the reduced ones' accuracy, time them all in blocks in
-    balanced orders (the module docstring), and choose."""
+    """Attach each path to its own copy of `model`, check the reduced ones' accuracy, time them all in balanced
+    orders, each request as such requests come (the module docstring), and choose."""
     started = time.perf_counter()
     inputs = requests(model.config)
     models = {}
@@ -324,9 +332,12 @@ def _accuracy(runs: dict, mask: torch.Tensor, left_out: dict) -> dict:
 def _time(runs: dict) -> dict:
     """{path: {request: median seconds}}: each path's first calls untimed (a compilation of the request's own shape
     comes at the second: OpenVINO's `static_shapes`; PyTorch's first calls of a shape time its matrix kernels, and
-    a call that did is not counted, as in runtimes/choice.py), then rounds of blocks in balanced orders, at least
-    ROUNDS and until BUDGET_S seconds have passed since the first (untimed calls included), read on
-    `measure.clock`; the median of each path's best block."""
+    a call that did is not counted, as in runtimes/choice.py), then rounds, at least ROUNDS and until BUDGET_S seconds
+    have passed since the first (untimed calls included), read on `measure.clock`, each request timed as such
+    requests come: the short query `QUERIES` times per path and round, each call after IDLE_S of sleep and after
+    another path's call (balanced orders); the padded batch in a block per path and round, back to back, its first
+    call not timed (it pays for the previous path's threads), the median of the BLOCK others. A path's time at a
+    request is the median of its samples (single calls, block medians)."""
     names = list(runs)
     for calls in runs.values():
         for run in calls.values():
@@ -337,23 +348,28 @@ def _time(runs: dict) -> dict:
                 if measure.timed_calls() == before:
                     break
     seconds = {name: {request: [] for request in runs[name]} for name in names}
+
+    def timed(run, samples: list) -> None:
+        before, start = measure.timed_calls(), measure.clock()
+        run()
+        if measure.timed_calls() == before:  # a call that also timed kernels is slower than it will be
+            samples.append(measure.clock() - start)
+
     orders, rounds, started = measure.balanced_orders(len(names)), 0, measure.clock()
     while rounds < ROUNDS or measure.clock() - started < BUDGET_S:
+        for query in range(QUERIES):
+            for index in orders[(rounds * QUERIES + query) % len(orders)]:
+                measure.sleep(IDLE_S)
+                timed(runs[names[index]]["short"], seconds[names[index]]["short"])
         for index in orders[rounds % len(orders)]:
-            name = names[index]
-            for request, run in runs[name].items():
-                run()  # the block's first call: after another path's, it pays for that one's threads
-                block = []
-                for _ in range(BLOCK):
-                    before, start = measure.timed_calls(), measure.clock()
-                    run()
-                    if measure.timed_calls() == before:  # a call that also timed kernels is slower than it will be
-                        block.append(measure.clock() - start)
-                if block:
-                    seconds[name][request].append(statistics.median(block))
+            run, block = runs[names[index]]["padded"], []
+            run()
+            for _ in range(BLOCK):
+                timed(run, block)
+            if block:
+                seconds[names[index]]["padded"].append(statistics.median(block))
         rounds += 1
-    # Each path's best block: another process's burst only ever adds time, to whichever block it hits.
-    return {name: {request: min(blocks, default=float("inf")) for request, blocks in by.items()}
+    return {name: {request: statistics.median(samples) if samples else float("inf") for request, samples in by.items()}
             for name, by in seconds.items()}
 
 
