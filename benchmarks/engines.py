@@ -5,6 +5,7 @@
     taskset -c 0,1 python benchmarks/engines.py --quick    # fewer rounds, smaller generation: a smoke run
     python benchmarks/engines.py --cases short,minilm      # a selection; --list names them
     python benchmarks/engines.py --settle 0.05             # one timing method only (the idle gap)
+    python benchmarks/engines.py --json benchmarks/results/amd-zen4-2026-11-27.json   # the run kept for charts.py
 
 The engines other than transformers and ours come from the bench extra (`pip install -e ".[bench]"`: onnx,
 onnxscript, onnxruntime, openvino, ctranslate2); an engine whose package is missing is left out with a one-line
@@ -78,6 +79,7 @@ import argparse
 import importlib.util
 import contextlib
 import io
+import json
 import logging
 import os
 import statistics
@@ -110,11 +112,17 @@ def build_parser():
                         help="leave out 'hf_vanilla compiled' (generation: static cache + torch.compile, ~1 min of "
                              "compilation per case)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the run's figures to this new file, as benchmarks/charts.py reads them "
+                             "(benchmarks/results/<cpu>-<date>.json); an existing file is never overwritten")
     return parser
 
 
 if __name__ == "__main__":  # --help and argument errors answer here, before torch and the engines load (10+ s)
     ARGS = build_parser().parse_args()
+    if ARGS.json is not None and ARGS.json.exists():
+        build_parser().error(f"--json {ARGS.json} exists: name a new file (a run's figures are never written over "
+                             f"another's)")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -128,6 +136,7 @@ from benchmark import (  # noqa: E402
     bert2bert,
     encoder_batch,
     environment,
+    git_revision,
     long_tailed_lengths,
     package_version,
     quartiles,
@@ -864,6 +873,47 @@ def print_tables(results, settles):
     return failed
 
 
+# An engine's name in a kept run (benchmarks/results/*.json, and so in the charts and docs/performance.md's columns):
+# what a user calls, where it differs from the column name above. A reduced precision keeps its suffix.
+KEPT_NAMES = {"hf_vanilla ORT owned": "onnxruntime, owned", "hf_vanilla ORT": 'runtime="onnxruntime"',
+              "hf_vanilla OV": 'runtime="openvino"', "hf_vanilla auto": 'runtime="auto"', "ORT fused": "ONNX Runtime fused",
+              "ORT": "ONNX Runtime", "OpenVINO": "OpenVINO fp32", "CT2": "CTranslate2"}
+
+
+def kept_name(engine) -> str:
+    """`engine`'s name in a kept run: "hf_vanilla OV int8" -> 'runtime="openvino" int8', "OV default" -> "OpenVINO
+    default (bf16)"."""
+    if engine.name == "OV default":
+        return f"OpenVINO default ({engine.precision})"
+    for name, kept in KEPT_NAMES.items():  # the longer names first: "hf_vanilla ORT owned" before "hf_vanilla ORT"
+        if engine.name == name or engine.name.startswith(name + " "):
+            return kept + engine.name[len(name):]
+    return engine.name
+
+
+def run_record(results, settles, threads) -> dict:
+    """The run as benchmarks/charts.py reads it: the machine, commit and command; `float32`, case -> engine ->
+    [speed-up over transformers fp32, one per timing method]; `ours`, which of those engines are hf_vanilla's; and
+    `precision.points`, each reduced-precision engine's speed-up (the first timing method) and its accuracy against
+    transformers fp32 (lowest token cosine, or share of equal generated tokens)."""
+    from hf_vanilla.precision import cpu_name
+
+    float32, points = {}, []
+    for case, engines, reference in (r for r in results if len(r) == 3):
+        timed = [e for e in engines if e is not reference]
+        float32[case.description] = {kept_name(e): [round(ratio_text(reference, e, s)[0], 2) for s in settles]
+                                     for e in timed if e.precision == "fp32"}
+        points += [{"case": case.description, "engine": kept_name(e),
+                    "speedup": round(ratio_text(reference, e, settles[0])[0], 2),
+                    "cosine": round(fidelity(reference, e, case.lengths), 5)} for e in timed if e.precision != "fp32"]
+    commit = git_revision()
+    ours = [KEPT_NAMES.get(name, name) for name in FP32_COLUMNS if name in OURS]
+    return {"cpu": f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores", "machine": cpu_header(threads),
+            "date": time.strftime("%Y-%m-%d"), "commit": commit, "command": " ".join(["python", *sys.argv]),
+            "methods": [settle_text(s) for s in settles], "float32": float32, "ours": ours,
+            "precision": {"commit": commit, "points": points}}
+
+
 def tokens_text(case):
     if case.new_tokens:
         return f"{len(case.lengths)}x{case.new_tokens} generated"
@@ -944,6 +994,11 @@ def main(args):
             del engines
 
     failed = print_tables(results, settles)
+    if args.json is not None:
+        from hf_vanilla.runtimes.cache import write_atomic
+
+        write_atomic(args.json, json.dumps(run_record(results, settles, args.threads), indent=1).encode())
+        print(f"\nThe run's figures: {args.json}")
     print("\nCold start, paid once per model before the rounds (seconds):\n")
     print("| step | model | seconds |")
     print("|---|---|---:|")

@@ -152,3 +152,46 @@ def test_the_performance_charts_show_the_tables_of_the_page(tmp_path):
             shown = dict(zip(columns, cells))
             for engine, (idle, back) in engines.items():
                 assert shown[names.get(engine, engine)] == f"{idle:.2f} / {back:.2f}", (case, engine)
+
+
+def test_a_run_kept_by_the_benchmark_is_what_the_charts_draw(tmp_path, monkeypatch):
+    """`benchmarks/engines.py --json` keeps a run as benchmarks/charts.py reads it: speed-ups as its tables print them
+    (median of paired per-round ratios, one per timing method), each engine under the name the page's columns use,
+    the reduced precisions with their lowest token cosine; and it never writes over an existing file."""
+    import json
+    import runpy
+    import subprocess
+    import sys
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPOSITORY / "benchmarks"))  # its own imports, as when run as a script
+    engines = runpy.run_path(str(REPOSITORY / "benchmarks" / "engines.py"))
+    Engine, Case = engines["Engine"], engines["Case"]
+    torch.manual_seed(0)
+    want = torch.randn(1, 4, 8)
+
+    def engine(name, precision, idle, back, output=want):  # seconds per call under each timing method
+        return Engine(name, precision, None, times={0.05: [idle] * 3, 0: [back] * 3}, output=output)
+
+    reference = engine("transformers", "fp32", 0.012, 0.010)
+    int8 = engine("hf_vanilla OV int8", "int8", 0.003, 0.002, want + 0.1 * torch.randn(1, 4, 8))
+    timed = [reference, engine("hf_vanilla OV", "fp32", 0.004, 0.005), engine("ORT", "fp32", 0.006, 0.004), int8,
+             engine("OV default", "bf16", 0.004, 0.004)]
+    record = engines["run_record"]([(Case("short", "bert-base 1x16", "bert-base", [4]), timed, reference)],
+                                   [0.05, 0], threads=2)
+    assert record["float32"] == {"bert-base 1x16": {'runtime="openvino"': [3.0, 2.0], "ONNX Runtime": [2.0, 2.5]}}
+    cosine = torch.nn.functional.cosine_similarity(int8.output[0].double(), want[0].double(), dim=-1).min().item()
+    assert record["precision"]["points"] == [
+        {"case": "bert-base 1x16", "engine": 'runtime="openvino" int8', "speedup": 4.0, "cosine": round(cosine, 5)},
+        {"case": "bert-base 1x16", "engine": "OpenVINO default (bf16)", "speedup": 3.0, "cosine": 1.0}]
+    assert 'runtime="auto"' in record["ours"] and "ONNX Runtime" not in record["ours"]
+    kept = tmp_path / "run.json"
+    kept.write_text(json.dumps(record))
+    charts = runpy.run_path(str(REPOSITORY / "benchmarks" / "charts.py"))
+    charts["main"](["--results", str(kept), "--output", str(tmp_path)])
+    assert (tmp_path / "run-speedup.png").exists() and (tmp_path / "run-precision.png").exists()
+    refused = subprocess.run([sys.executable, str(REPOSITORY / "benchmarks" / "engines.py"), "--json", str(kept)],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "exists: name a new file" in refused.stderr
+    assert json.loads(kept.read_text()) == record
