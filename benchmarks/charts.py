@@ -16,6 +16,7 @@ Needs matplotlib (the examples extra). Reads the JSON, writes the PNGs, nothing 
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,8 @@ def speedup_chart(run: dict, path: Path) -> None:
     axes.set_yticks(range(len(cases)), cases)
     axes.invert_yaxis()
     axes.set_xlabel("speed-up over transformers fp32 (median of paired ratios, 50 ms idle before each call)")
-    axes.set_title(f"float32, {run['cpu']}\n{run['date']} at {run['commit']}: {run['command']}", fontsize=9)
+    axes.set_title(f"float32, {run['cpu']}\n" + textwrap.fill(f"{run['date']} at {run['commit']}: {run['command']}", 75),
+                   fontsize=9)
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     axes.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
