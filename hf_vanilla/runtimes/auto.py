@@ -27,7 +27,7 @@ rounds at least and until `BUDGET_S` seconds have passed:
   `BLOCK` calls, their median.
 A path's time at a request is the median of its samples, not the best: ONNX Runtime's short calls are bimodal on the
 VMs measured, and the best of a few samples chose by luck (MiniLM, eight loads: OpenVINO six times, ONNX Runtime
-twice). About 5 s for MiniLM on 2 cores, attaching included, 15-25 s for a model of bert-base's size, once per
+twice). 5-6 s for MiniLM on 2 cores, attaching included, 18-33 s for a model of bert-base's size, once per
 machine (the decision is kept, below). A machine saturated throughout defeats it (docs/performance.md: on 2 cores
 under a load of 6-9, inside a process holding some twenty engines, every MiniLM engine measured level with PyTorch,
 where OpenVINO is 2.6x faster when quiet). Its cost, with the attach of every path, is logged at INFO.
