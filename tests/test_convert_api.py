@@ -169,6 +169,10 @@ def test_options_are_checked_as_the_command_line_checks_them(sources, tmp_path):
         to_transformers("marian", sources / "marian", tmp_path / "x", dtype="float32")
     assert "No conversion 'gpt2' to vanilla: convert() reads ['bert', 'warm-start', 'bert2bert', 'marian'" in failure(
         convert, "gpt2", sources / "bert-mlm", tmp_path / "x")
+    assert "force='yes' is not True or False (--force of hf-vanilla bert)" in failure(
+        convert, "bert", sources / "bert-mlm", tmp_path / "x", force="yes")
+    assert "verify=1 is not True or False (--no-verify of hf-vanilla to-bert)" in failure(
+        to_transformers, "bert", tmp_path, tmp_path / "x", verify=1)
     assert "No conversion 'to-bert' to vanilla" in failure(convert, "to-bert", sources / "bert-mlm", tmp_path / "x")
     assert "No conversion 'warm-start' back to transformers: " in failure(
         to_transformers, "warm-start", sources / "bert-mlm", tmp_path / "x")

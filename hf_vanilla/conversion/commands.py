@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..heads import converter_heads
+from .errors import ConversionError
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -127,6 +128,10 @@ def run(conversion: Conversion, source, output, options: dict, force: bool = Fal
         command: str | None = None) -> Path:
     """Run one conversion through the one flow (flow.py) with `options` (every option of `conversion`, checked);
     `command` is the command line recorded on the model card (a forward conversion writes one)."""
+    for name, value in (("force", force), ("verify", verify)):
+        if not isinstance(value, bool):
+            raise ConversionError(f"{name}={value!r} is not True or False (--{name if name == 'force' else 'no-verify'}"
+                                  f" of hf-vanilla {conversion.name}).")
     flow = importlib.import_module(".flow", __package__)
     if conversion.reverse:
         return flow.to_source(conversion.format(), str(source), str(output), force=force, verify=verify, **options)
