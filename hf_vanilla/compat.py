@@ -57,13 +57,32 @@ def export_axis(name: str, min: int | None = None):
 
 
 def flex_attention_forward(module, query, key, value, attention_mask, **kwargs):
-    """transformers' flex_attention, given contiguous query, key and value on the CPU. Attention hands it (B, H, T, D)
-    views of (B, T, H, D) projections; torch 2.15's compiled CPU flex kernel reads such views wrongly once a second
-    sequence length has made its shapes dynamic (max |diff| 1.6 against sdpa at the second length, measured; torch
-    2.13 reads them right). The copy is small beside the compiled kernel's call, so it is made on every version."""
+    """transformers' flex_attention, whose compiled CPU kernels are cached under a key that names the CPU capability
+    they were generated for, given contiguous query, key and value.
+
+    torch's compile caches (the FX graph cache, in TORCHINDUCTOR_CACHE_DIR, shared by every process of a user) key a
+    compiled CPU graph by torch's version, the graph and its settings, but not by the vector instructions its kernels
+    were generated for, which ATEN_CPU_CAPABILITY chooses per process. A graph cached by a process capped at AVX2 and
+    read back by an AVX-512 one answers wrongly (flex_attention on an Intel Xeon, torch 2.11 and 2.15: max |diff| 1.6
+    against sdpa, with two cache hits; a fresh cache answers right). So the capability joins torch's cache key tag
+    (`torch.compiler.config.cache_key_tag`, which every compile cache hashes) before the first compile, forward and
+    backward alike; in a process that keeps one capability, as every process does, this only keeps caches apart.
+
+    The contiguous copy: attention hands (B, H, T, D) views of (B, T, H, D) projections, which torch 2.15's compiled
+    CPU kernel read wrongly once a second sequence length had made its shapes dynamic. It is small beside the
+    compiled kernel's call, so it is made on every version."""
     if query.device.type == "cpu":
+        _key_compile_caches_by_cpu_capability()
         query, key, value = (x.contiguous() for x in (query, key, value))
     return ALL_ATTENTION_FUNCTIONS["flex_attention"](module, query, key, value, attention_mask, **kwargs)
+
+
+def _key_compile_caches_by_cpu_capability():
+    """Add `cpu-capability=<ATen's capability>` to torch's compile cache key tag, keeping any tag already set."""
+    tag = f"cpu-capability={torch.backends.cpu.get_cpu_capability()}"
+    current = torch.compiler.config.cache_key_tag
+    if tag not in current and not torch.compiler.is_compiling():
+        torch.compiler.config.cache_key_tag = f"{current},{tag}" if current else tag
 
 
 def varlen_attention(query, key, value, cu_seq_q, cu_seq_k, max_q: int, max_k: int, causal: bool, scale: float):

@@ -90,9 +90,11 @@ def run_in_new_environment(name: str, installs: list[list], selections: list[lis
         print(f"==== {name}: a virtual environment in {environment}", flush=True)
         venv.create(environment, with_pip=True)
         python = environment / "bin" / "python"
-        # As if activated, and without this process's PYTHONPATH, which could name other versions.
+        # As if activated, and without this process's PYTHONPATH, which could name other versions; torch's
+        # compiled kernels cached in a folder of this environment's own (tests/test_compile_cache.py).
         env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        env |= {"VIRTUAL_ENV": str(environment), "PATH": f"{environment / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+        env |= {"VIRTUAL_ENV": str(environment), "PATH": f"{environment / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+                "TORCHINDUCTOR_CACHE_DIR": str(Path(directory) / "compiled")}
         for arguments in installs:
             check([python, "-m", "pip", "install", "-q", *arguments], env=env)
         installed = time.perf_counter()
