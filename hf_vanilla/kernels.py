@@ -23,6 +23,11 @@ F.linear on every W^K and W^O; on AMD Zen 4 the old scheme kept bert-base's 3072
 F.linear, 0.98 ms against oneDNN's 0.68 in a loop over 24 weights). The timing, the per-layer turns and the
 decision are hf_vanilla/measure.py's, shared with the other measured choices; `decisions()` shows what was decided.
 
+`pinned()` pauses the measurement in one thread: its products whose key is still measured run F.linear, untimed (a
+decided key runs its decision). The engines' choice between an engine and PyTorch (runtimes/choice.py) times
+PyTorch's calls pinned: a call that also timed its kernels computes two products where it times one, and until its
+keys were decided (twelve calls of the one-row pooler's key, six of each kernel) such calls could not be counted.
+
 `HF_VANILLA_LINEAR_KERNEL` (read at import) or `kernels.POLICY` chooses another policy: "blas" (F.linear always:
 bit for bit nn.Linear) or "onednn" (oneDNN for every eligible product, without measuring: the tests use it to run
 oneDNN deterministically). With `torch.use_deterministic_algorithms(True)` every product is F.linear's, since a
@@ -36,8 +41,10 @@ It also holds the two predicates the rest of the package asks before doing anyth
 `is_tracing()` (compile, export, jit trace: graphs must not branch on values) and `is_transformed()`.
 """
 
+import contextlib
 import os
 import platform
+import threading
 
 import torch
 from torch import nn
@@ -74,6 +81,21 @@ MIN_GAIN = 1.05
 MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance.md)
 # oneDNN (the challenger) or F.linear, per key: see the module docstring and hf_vanilla/measure.py.
 CHOICE = MeasuredChoice("linear kernel: oneDNN?", ("blas", "onednn"), "onednn", CALIBRATION_CALLS, MIN_GAIN)
+
+
+_PAUSED = threading.local()  # `paused`: True inside `pinned()` in this thread
+
+
+@contextlib.contextmanager
+def pinned():
+    """In this thread, products whose kernel is still measured run F.linear, untimed, and decided ones their
+    decision: no call inside counts toward a decision, nor pays for timing (see the module docstring)."""
+    before = getattr(_PAUSED, "paused", False)
+    _PAUSED.paused = True
+    try:
+        yield
+    finally:
+        _PAUSED.paused = before
 
 
 def decisions() -> dict[tuple, bool]:
@@ -151,10 +173,12 @@ class VanillaLinear(nn.Linear):
             key = _key(x, weight)
             onednn = CHOICE.decision(key)
             if onednn is None:
+                if getattr(_PAUSED, "paused", False):
+                    return nn.functional.linear(x, weight, bias)
                 return _measure(key, x, weight, bias, self)
             if onednn:
                 return _onednn_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed"]
+__all__ = ["VanillaLinear", "decisions", "forget_decisions", "is_tracing", "is_transformed", "pinned"]

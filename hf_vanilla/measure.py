@@ -9,11 +9,17 @@ the shapes, the threads and the cache, and no threshold is right on Intel and AM
     runtimes/auto.py         which engine a model runs on (runtime="auto"), at attach, in balanced orders
 
 Each is a `MeasuredChoice`: an incumbent (the plain computation, which runs while nothing is decided and wherever
-the measurement is not clear) and one challenger. The first calls of a key time the candidates in turn until each
-has `calls` timings (after `warmup` more of each, discarded); then the key runs the challenger only if the fastest
-incumbent's median time is at least `min_gain` times the challenger's. The margin means noise can only leave a key
-on the incumbent, never move it to a slower computation. Since every candidate gives the same answer (within the
-parity rule), the choice never shows in the output, only in the time.
+the measurement is not clear) and one challenger. The first calls of a key time the candidates until each has
+`calls` timings that count; then the key runs the challenger only if the fastest incumbent's median time is at least
+`min_gain` times the challenger's. The margin means noise can only leave a key on the incumbent, never move it to a
+slower computation. Since every candidate gives the same answer (within the parity rule), the choice never shows in
+the output, only in the time.
+
+A choice may also stop early (`clear`): its first calls then time each candidate once, and as soon as the medians of
+every timing so far differ by `clear` times or more, either way, the key is decided there. Each call of the slower
+candidate costs what it loses; a gap that wide is beyond what the first calls' own costs (a new shape, the other
+candidate's threads) make of a call on the sizes where the choice is close, and a narrower one costs little to go on
+measuring. Where it goes on, each candidate is timed in blocks, the first `warmup` timings of a block not counted.
 
 Thread-safe: a web server calls the model from many threads, and the timings and decisions of a key are read and
 written under one lock (the runtime's own bookkeeping once raised `KeyError` when one thread decided a key while
@@ -42,16 +48,18 @@ class MeasuredChoice:
     """The decision, per key, between an incumbent computation (or several equivalent ones) and a challenger.
 
     `candidates` names every computation timed, the challenger among them; `decision(key)` is True where the
-    challenger runs, False where an incumbent does, None while the key is still being measured."""
+    challenger runs, False where an incumbent does, None while the key is still being measured. `clear`: the ratio
+    of medians at which a key is decided before every candidate has its `calls` (None: never early)."""
 
-    def __init__(self, name: str, candidates: tuple, challenger: str, calls: int, min_gain: float, warmup: int = 0):
+    def __init__(self, name: str, candidates: tuple, challenger: str, calls: int, min_gain: float, warmup: int = 0,
+                 clear: float | None = None):
         if challenger not in candidates or len(candidates) < 2:
             raise ValueError(f"MeasuredChoice {name!r}: the challenger {challenger!r} must be one of two or more "
                              f"candidates {candidates}.")
         self.name, self.candidates, self.challenger = name, tuple(candidates), challenger
-        self.calls, self.min_gain, self.warmup = calls, min_gain, warmup
+        self.calls, self.min_gain, self.warmup, self.clear = calls, min_gain, warmup, clear
         self._decided: dict = {}
-        self._trials: dict = {}  # key -> {candidate: [seconds, ...]}, until decided
+        self._trials: dict = {}  # key -> its `_Trials`, until decided
         self._lock = threading.Lock()
         _choices.add(self)
 
@@ -61,22 +69,29 @@ class MeasuredChoice:
 
     def turn(self, key, preferred: int | None = None) -> str:
         """The candidate to time on this call of `key`: `candidates[preferred % n]` (an owner alternating between
-        them, see `owner_turn`) while that one needs timings; else the candidates in blocks, each one's calls in a
-        row in the order named. Blocks, because a whole-model call right after another computation's pays for that
-        one's threads still spinning, which traffic that runs one of them never pays: ONNX Runtime on MiniLM's 16
-        tokens took 9.2 ms right after a PyTorch call and 3.3 ms in a row (AMD Zen 5, 50 ms apart), and alternating
-        the two decided for PyTorch, which then ran 17 ms. Each block's first call is its warm-up (`warmup`)."""
+        them, see `owner_turn`) while that one needs timings; with `clear`, each candidate once first, in the order
+        named (the early look); else the candidates in blocks: the one timed last goes on while it needs timings,
+        then the next in the order named. Blocks, because a whole-model call right after another computation's pays
+        for that one's threads still spinning, which traffic that runs one of them never pays: ONNX Runtime on
+        MiniLM's 16 tokens took 9.2 ms right after a PyTorch call and 3.3 ms in a row (AMD Zen 5, 50 ms apart), and
+        alternating the two decided for PyTorch, which then ran 17 ms. Each block's first `warmup` calls are its
+        warm-up."""
         with self._lock:
             if key in self._decided:  # decided meanwhile by another thread: any candidate gives the answer
                 return self.candidates[0]
-            trials = self._trials.setdefault(key, {name: [] for name in self.candidates})
-            needed = self.calls + self.warmup
+            trials = self._trials.setdefault(key, _Trials(self.candidates))
+            needs = [name for name in self.candidates if len(trials.counted[name]) < self.calls]
             if preferred is not None:
                 name = self.candidates[preferred % len(self.candidates)]
-                if len(trials[name]) < needed:
+                if name in needs:
                     return name
-            return next((name for name in self.candidates if len(trials[name]) < needed),
-                        min(self.candidates, key=lambda name: len(trials[name])))
+            if self.clear is not None:
+                untimed = [name for name in self.candidates if not trials.times[name]]
+                if untimed:
+                    return untimed[0]
+            if trials.last in needs:
+                return trials.last
+            return needs[0] if needs else min(self.candidates, key=lambda name: len(trials.counted[name]))
 
     def time(self, key, candidate: str, run, *args):
         """`run(*args)`, timed as one call of `candidate` for `key`; returns what it returns."""
@@ -86,18 +101,28 @@ class MeasuredChoice:
         return result
 
     def record(self, key, candidate: str, seconds: float) -> None:
-        """Add a timing; decide the key once every candidate has its `warmup + calls`. A timing that arrives after
+        """Add a timing; decide the key once every candidate has its `calls` counted timings (the first `warmup` of
+        each block are not counted), or, with `clear`, as soon as the gap is that wide. A timing that arrives after
         the key was decided (another thread's) is dropped."""
         with self._lock:
             if key in self._decided:
                 return
-            trials = self._trials.setdefault(key, {name: [] for name in self.candidates})
-            trials[candidate].append(seconds)
-            if min(map(len, trials.values())) >= self.calls + self.warmup:
-                medians = {name: statistics.median(times[self.warmup:]) for name, times in trials.items()}
-                incumbent = min(seconds for name, seconds in medians.items() if name != self.challenger)
-                self._decided[key] = incumbent >= self.min_gain * medians[self.challenger]
+            trials = self._trials.setdefault(key, _Trials(self.candidates))
+            trials.add(candidate, seconds, self.warmup)
+            if min(map(len, trials.counted.values())) >= self.calls:
+                incumbent, challenger = self._medians(trials.counted)
+                self._decided[key] = incumbent >= self.min_gain * challenger
+            elif self.clear is not None and all(trials.times.values()):
+                incumbent, challenger = self._medians(trials.times)
+                if incumbent >= self.clear * challenger or challenger >= self.clear * incumbent:
+                    self._decided[key] = incumbent >= self.clear * challenger
+            if key in self._decided:
                 del self._trials[key]
+
+    def _medians(self, times: dict) -> tuple[float, float]:
+        """(the fastest incumbent's median seconds, the challenger's), from `times` (candidate -> seconds)."""
+        medians = {name: statistics.median(seconds) for name, seconds in times.items()}
+        return min(seconds for name, seconds in medians.items() if name != self.challenger), medians[self.challenger]
 
     def decide(self, key, challenger: bool) -> None:
         """Decide `key` without timing it here: for a decision measured elsewhere (runtime="auto"
@@ -124,8 +149,26 @@ class MeasuredChoice:
 
     def __setstate__(self, state):
         vars(self).update(state)
+        self.__dict__.setdefault("clear", None)  # pickled before `clear` existed
         self._lock = threading.Lock()
         _choices.add(self)
+
+
+class _Trials:
+    """What a key's measurement has timed so far: every timing of each candidate (`times`), those that count
+    (`counted`: not a block's warm-up), and the block under way (its candidate `last`, its length `run`)."""
+
+    def __init__(self, candidates: tuple):
+        self.times = {name: [] for name in candidates}
+        self.counted = {name: [] for name in candidates}
+        self.last, self.run = None, 0
+
+    def add(self, candidate: str, seconds: float, warmup: int) -> None:
+        self.run = self.run + 1 if candidate == self.last else 1
+        self.last = candidate
+        self.times[candidate].append(seconds)
+        if self.run > warmup:
+            self.counted[candidate].append(seconds)
 
 
 def owner_turn(owner) -> int:

@@ -248,3 +248,32 @@ def test_shapes_are_measured_apart(monkeypatch):
     threads = torch.get_num_threads()
     measured = {(768, 64, rows, threads) for rows in (1, 16, kernels.MAX_ROWS_BUCKET)}
     assert set(kernels.decisions()) == (measured if torch.backends.mkldnn.enabled else set())
+
+
+@needs_onednn_on
+def test_pinned_products_are_not_measured(monkeypatch):
+    """Inside `kernels.pinned()` a product whose shape is still measured runs F.linear, bit for bit, untimed: no turn
+    of the layer is taken, nothing is decided; a decided shape runs its decision there too; another thread is not
+    pinned. (The engines time PyTorch's calls pinned: tests/test_runtime_choice.py.)"""
+    import threading
+
+    from hf_vanilla import measure
+
+    monkeypatch.setattr(kernels, "POLICY", "measure")
+    linear, x = layer(), torch.randn(12, 768)
+    key = (768, 3072, 16, torch.get_num_threads())
+    with torch.inference_mode():
+        expected = torch.ops.aten.linear(x, linear.weight, linear.bias)
+        timed = measure.timed_calls()
+        with kernels.pinned():
+            for _ in range(1 + 2 * kernels.CALIBRATION_CALLS):
+                assert torch.equal(linear(x), expected)
+            elsewhere = threading.Thread(target=torch.inference_mode()(linear), args=(x,))
+            elsewhere.start()
+            elsewhere.join()
+        assert measure.timed_calls() == timed + 1 and not kernels.decisions()  # the other thread's call
+        kernels.CHOICE.decide(key, True)
+        with kernels.pinned():
+            output, ops = ops_of(lambda: linear(x))
+    assert ONEDNN_OP in ops
+    assert_close(output, expected)
