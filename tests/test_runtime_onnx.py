@@ -63,7 +63,6 @@ from hf_vanilla.runtimes.onnxruntime import engine  # noqa: E402
 from hf_vanilla.runtimes.onnxruntime import (  # noqa: E402
     length_groups,
     remove_onnx_runtime,
-    runtime_choices,
     use_onnx_runtime,
 )
 
@@ -107,8 +106,8 @@ _EXPORTED = {}
 
 @pytest.fixture(autouse=True)
 def engine_answers(monkeypatch):
-    """Every call ONNX Runtime can answer goes to it: what these tests test is the engine. (By default each request
-    size runs whichever of ONNX Runtime and PyTorch measured faster: test_each_request_size_runs_the_faster_engine.)"""
+    """Every call ONNX Runtime can answer goes to it: what these tests test is the engine. (By default a padded
+    request size runs whichever of ONNX Runtime and PyTorch measured faster: tests/test_runtime_choice.py.)"""
     monkeypatch.setattr(choice, "CHOICE", "engine")
 
 
@@ -565,85 +564,6 @@ def test_registry_errors_are_one_line(tmp_path_factory, minilm_path, monkeypatch
         with pytest.raises(ImportError) as caught:
             runtime_registry.apply_runtime(model, name)
         assert str(caught.value) == f"runtime={name!r} {message}"
-
-
-class _Costing:
-    """A session or forward that takes `seconds` more per call on the scripted clock (tests/conftest.py): which
-    engine is faster must not depend on this CPU, nor on what else the machine is doing."""
-
-    def __init__(self, wrapped, clock, seconds):
-        self.wrapped, self.clock, self.seconds = wrapped, clock, seconds
-
-    def run(self, *args, **kwargs):
-        self.clock.advance(self.seconds)
-        return self.wrapped.run(*args, **kwargs)
-
-    def __call__(self, *args, **kwargs):
-        self.clock.advance(self.seconds)
-        return self.wrapped(*args, **kwargs)
-
-
-def _race(runner, faster, clock):
-    """ONNX Runtime and PyTorch cost 1 ms and 21 ms a call on the scripted clock, the loser the 21."""
-    runner.session = _Costing(runner.session, clock, 1e-3 if faster == "ONNX Runtime" else 21e-3)
-    runner.forward = _Costing(runner.forward, clock, 1e-3 if faster == "PyTorch" else 21e-3)
-
-
-@pytest.mark.parametrize("faster", ["ONNX Runtime", "PyTorch"])
-def test_each_request_size_runs_the_faster_engine(base, monkeypatch, faster, scripted_clock):
-    """By default the first calls of a request size are answered by ONNX Runtime and PyTorch in turn, each timed,
-    every answer PyTorch's within the rule; then the size runs the faster one only. Another size is measured apart."""
-    monkeypatch.setattr(choice, "CHOICE", "measure")
-    _, _, eager, _ = base
-    model = copy.deepcopy(eager)
-    use_onnx_runtime(model, cache_dir=base[3])
-    (runner,) = engines(model)
-    _race(runner, faster, scripted_clock)
-    input_ids, mask = padded_batch([9, 14, 5])
-    calls = Calls(model)
-    with torch.inference_mode():
-        expected = eager(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
-        for _ in range(2 * (choice.CHOICE_CALLS + 1)):
-            assert not runner.choice.decisions()
-            assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
-        assert calls.count == choice.CHOICE_CALLS + 1  # half the calls (these rows run as one group: one call each)
-        assert list(runner.choice.decisions().values()) == [faster == "ONNX Runtime"]
-        before = calls.count
-        assert_close(model(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()], expected)
-        assert (calls.count > before) == (faster == "ONNX Runtime")
-        model(input_ids=input_ids[:1, :4])  # another size: measured anew
-        assert len(runner.choice.decisions()) == 1 and len(runner.choice.decisions(pending=True)) == 2
-    assert set(runtime_choices(model).values()) == {faster == "ONNX Runtime", None}
-
-
-def test_pytorch_calls_that_calibrate_kernels_are_not_timed(base, monkeypatch, scripted_clock):
-    """PyTorch's first calls of a new size may also time its products' two kernels (kernels.py), which makes them
-    slower than PyTorch will be: those calls are not counted. Here they take 60 ms more and say so through
-    measure's counter of timed calls; PyTorch is otherwise the faster (1 ms against 21): PyTorch must be chosen."""
-    from hf_vanilla import measure
-
-    monkeypatch.setattr(choice, "CHOICE", "measure")
-    _, _, eager, _ = base
-    model = copy.deepcopy(eager)
-    use_onnx_runtime(model, cache_dir=base[3])
-    (runner,) = engines(model)
-    _race(runner, "PyTorch", scripted_clock)
-    forward, pytorch_calls = runner.forward, []
-
-    def calibrating_at_first(*args, **kwargs):
-        pytorch_calls.append(1)
-        if len(pytorch_calls) <= 3:
-            monkeypatch.setattr(measure, "_timed_calls", measure._timed_calls + 1)
-            scripted_clock.advance(0.06)
-        return forward(*args, **kwargs)
-
-    runner.forward = calibrating_at_first
-    input_ids, mask = padded_batch([9, 14, 5])
-    with torch.inference_mode():
-        while not runner.choice.decisions():
-            model(input_ids=input_ids, attention_mask=mask)
-    assert list(runner.choice.decisions().values()) == [False]
-    assert len(pytorch_calls) == 3 + choice.CHOICE_CALLS + 1
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [3, 500, 4, 7, 480, 6, 2], [16] * 3 + [300]])

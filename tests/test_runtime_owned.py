@@ -1,7 +1,8 @@
 """The engines that hold the encoder's weights (hf_vanilla/runtimes/owned.py), `runtime="openvino"` and
 `runtime="onnxruntime"` with `owned=True`, beyond the conformance battery (tests/test_conformance.py, rows
 `openvino*` and `onnxruntime owned*`, holds them to every edit, threads, saving, copies and moves): the heads around
-the body, what they refuse and how, and their choice per request size. Each test runs on both engines.
+the body, what they refuse and how (their choice per request size: tests/test_runtime_choice.py). Each test runs
+on both engines.
 
 - a classification head on the engine: the same logits as PyTorch, the head's own weights still trainable, the
   model saved and loaded back through `from_pretrained(runtime=...)`;
@@ -14,7 +15,6 @@ the body, what they refuse and how, and their choice per request size. Each test
   the weights back and the model trains again;
 - one engine at a time: another attached to a held model takes it over, the weights given back first;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
-- each request size runs whichever of the engine and PyTorch measured faster (clock scripted);
 - ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted); a token of
   zeros beside others gives zeros;
 - OpenVINO at precision "bf16" computes in bf16 from the model's own weights: a float32 model keeps and saves them;
@@ -44,7 +44,6 @@ from hf_vanilla import (
 from hf_vanilla.precision import quantize_int8
 from hf_vanilla.runtime_registry import apply_runtime
 from hf_vanilla.runtimes import choice
-from hf_vanilla.runtimes.choice import runtime_choices
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               max_position_embeddings=64, num_labels=3)
@@ -230,39 +229,6 @@ def test_the_config_reaches_the_engine(held, graphs, engine_only):
     real = inputs["attention_mask"].bool()
     for have, expected in zip(got, want):
         assert_close(have[real], expected[real])
-
-
-def test_each_request_size_runs_the_faster_engine(held, graphs, scripted_clock, monkeypatch):
-    """The engine scripted 3x faster at one row of 8 tokens and 3x slower at eight rows of 32: the first size
-    decides for the engine, the second for PyTorch, after the measured calls, each path's calls in a block (a call
-    right after the other path's would pay for its spinning threads: hf_vanilla/measure.py)."""
-    monkeypatch.setattr(choice, "CHOICE", "measure")
-    torch.manual_seed(0)
-    model = hold(VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval(), held, graphs)
-    engine = vars(model)["forward"]
-    engine_call, pytorch_answer = engine._engine, engine._pytorch
-
-    order = []
-
-    def timed(call, seconds):
-        def run(*args):
-            order.append(call)
-            scripted_clock.advance(seconds())
-            return call(*args)
-        return run
-
-    size = {}
-    monkeypatch.setattr(engine, "_engine", timed(engine_call, lambda: 1.0 if size["small"] else 9.0))
-    monkeypatch.setattr(engine, "_pytorch", timed(pytorch_answer, lambda: 3.0))
-    for small, inputs in ((True, batch(1, 8)), (False, batch(8, 32))):
-        size["small"] = small
-        for _ in range(2 * (choice.CHOICE_CALLS + 1)):
-            with torch.inference_mode():
-                model(**inputs)
-    decided = runtime_choices(model)
-    assert sorted(decided.values()) == [False, True], decided
-    block = choice.CHOICE_CALLS + 1  # the first of each is its warm-up
-    assert order[:2 * block] == [engine_call] * block + [pytorch_answer] * block
 
 
 def test_int8_needs_onnx_runtime_to_hold_the_weights(graphs):

@@ -33,11 +33,12 @@ under a load of 6-9, inside a process holding some twenty engines, every MiniLM 
 where OpenVINO is 2.6x faster when quiet). Its cost, with the attach of every path, is logged at INFO.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
-(hf_vanilla/runtimes/choice.py): the engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch,
-else PyTorch. The path chosen is the one whose geometric mean time over the two requests is least; one within `TIE`
-of it that comes first in `PATHS` (fewer restrictions: PyTorch, then the engine fed the weights, then those holding
-them) is preferred. The chosen engine is attached to the model, and the per-size decisions of the two requests are
-kept (`MeasuredChoice.decide`): other sizes are measured by the engine as they come, as with any runtime.
+(hf_vanilla/runtimes/choice.py): the engine on the short request (no padding) and at a reduced precision, else the
+engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch, else PyTorch. The path chosen is the one
+whose geometric mean time over the two requests is least; one within `TIE` of it that comes first in `PATHS` (fewer
+restrictions: PyTorch, then the engine fed the weights, then those holding them) is preferred. The chosen engine is
+attached to the model, and the per-size decisions of the two requests are kept (`MeasuredChoice.decide`): other
+sizes are measured by the engine as they come, as with any runtime.
 
 The accuracy rule of `precision="fastest"`. A path below float32 (int8, bf16) is a candidate only where its lowest
 per-token cosine against float32 PyTorch, at the real tokens of the padded request, is at least `ACCURACY_FLOOR`:
@@ -83,7 +84,7 @@ import transformers
 from .. import measure
 from ..precision import bf16_is_fast, cpu_capabilities, cpu_flags, cpu_name, cpu_vendor
 from .attached import take_off
-from .choice import CHOICE_MIN_GAIN, key_of
+from .choice import CHOICE_MIN_GAIN, key_of, measures
 
 logger = logging.getLogger(__name__)
 
@@ -374,11 +375,15 @@ def _time(runs: dict) -> dict:
 
 
 def _effective(name: str, request: str, times: dict) -> float:
-    """What `name` takes at `request` once the per-size choice has decided: its engine where that was at least
-    CHOICE_MIN_GAIN faster than PyTorch, else PyTorch (an engine path runs PyTorch there)."""
+    """What `name` takes at `request` once the per-size choice has decided: its engine where the choice does not
+    measure the request (one without padding, or an engine at a reduced precision: `choice.measures`) or where the
+    engine was at least CHOICE_MIN_GAIN faster than PyTorch, else PyTorch (an engine path runs PyTorch there)."""
     pytorch = times["pytorch"][request]
     if name == "pytorch":
         return pytorch
+    dense = len(set(SHORT if request == "short" else PADDED)) == 1  # every row of the request as long
+    if not measures(BY_NAME[name].precision, dense):
+        return times[name][request]
     return times[name][request] if pytorch >= CHOICE_MIN_GAIN * times[name][request] else pytorch
 
 

@@ -1,14 +1,32 @@
-"""Which engine answers a request: the engine or PyTorch, decided per request size, the same way for every engine.
+"""Which path answers a request, the engine or PyTorch, decided per request size, the same way for every engine.
 
-Fed or owning its weights, an engine is much faster than eager PyTorch on short requests and no faster, sometimes
-slower, on long or padded batches, where PyTorch skips the padding (docs/performance.md). So where both can answer,
-the first calls of each request size (rows and real tokens, each rounded up to a power of two, and the thread
-count) are answered by the engine, then by PyTorch, each in a block of calls, all timed (`hf_vanilla.measure`:
-blocks, since a call right after the other's pays for its spinning threads), and after `CHOICE_CALLS`
-timed calls of each (past each one's first) the size runs on the engine only if PyTorch took at least
-`CHOICE_MIN_GAIN` times as long. Both give the same answer within the parity rule, so which one ran never shows in
-the output. `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call an engine can answer to it (the tests use it to test
-an engine itself).
+A model answers at the precision it was loaded at, from its first call. An engine at a reduced precision (int8,
+bf16) answers every request it can compute: its PyTorch path computes float32 (int8, and bf16 from a float32 model)
+or rounds otherwise (bf16), so measuring the two would answer one input two ways, up to 0.1 apart on bert-base.
+Only a float32 engine is ever compared with PyTorch, whose answer is the same within the parity rule, so which one
+ran never shows in the output, only in the time (`measures`).
+
+A request without padding goes to the engine, unmeasured: PyTorch's one advantage, skipping the padding, is absent,
+and the engine computes the same tokens from a compiled graph. In the dense cases of benchmarks/engines.py on AMD
+Zen 4 and Zen 5 (benchmarks/results/) the engines were level with eager PyTorch on the long inputs (ONNX Runtime
+0.98-1.14 of it at 8x128 and 1x512, OpenVINO 0.95-1.39) and faster at 16 tokens (OpenVINO 2.4-3.3x), where timing
+PyTorch costs a call 2-4 times the engine's; the one dense case below it, ONNX Runtime after an idle gap on Zen 5's
+MiniLM 1x16 (fed the weights 0.88, holding them 1.07), the measurement in blocks back to back had chosen as well.
+
+A padded request is where PyTorch can win (docs/performance.md), and there the first calls of each request size
+(rows and real tokens, each rounded up to a power of two, and the thread count) measure the two
+(`hf_vanilla.measure`): PyTorch first, then the engine, one call each, both timed. Where one took `CHOICE_CLEAR`
+times as long as the other, the size is decided there: the loser ran once, and the first ten calls of the size cost
+(9 + r) / 10 of ten of the winner's, r the ratio (1.17 where the loser takes 2.7 times as long; 4 + 4 calls in
+blocks, as before, cost 1.68). A closer gap costs little to go on measuring: the engine's block goes on, then
+PyTorch's, each block's first call a warm-up (a call right after the other path's pays for its spinning threads),
+until each has `CHOICE_CALLS` counted, and the size runs the engine only if PyTorch's median is at least
+`CHOICE_MIN_GAIN` times its own. The loser then ran at most five times, each less than half a call slower (1.25).
+
+PyTorch's calls are timed with the kernel choice pinned (`hf_vanilla.kernels.pinned`): products whose kernel is
+still measured run F.linear, untimed, so no call is slowed by kernel timing and none is dropped for it (the kernels
+are measured by PyTorch's calls once it is chosen). `HF_VANILLA_RUNTIME_CHOICE=engine` sends every call an engine
+can answer to it (the tests use it to test an engine itself).
 """
 
 import os
@@ -16,20 +34,33 @@ import os
 import numpy as np
 import torch
 
-from .. import measure
+from .. import kernels, measure
 
 # "measure" (the default) or "engine"; read at import, and read again by the engines on every call.
 CHOICE = os.environ.get("HF_VANILLA_RUNTIME_CHOICE", "measure")
 if CHOICE not in ("measure", "engine"):
     raise ValueError(f"HF_VANILLA_RUNTIME_CHOICE={CHOICE!r}: use measure (the default) or engine.")
-CHOICE_CALLS = 3  # timed calls of each path per request size, after its first
+CHOICE_CLEAR = 1.5  # one path this many times slower than the other on their first calls: decided there
+CHOICE_CALLS = 3  # else counted calls of each path per request size, each block's first call left out
 CHOICE_MIN_GAIN = 1.05  # the engine must be this much faster: noise can only leave a size on PyTorch
 
 
 def engine_or_pytorch(engine: str) -> measure.MeasuredChoice:
-    """A fresh choice between `engine` (the challenger) and PyTorch, per request size."""
-    return measure.MeasuredChoice(f"runtime: {engine}?", (engine, "pytorch"), engine, CHOICE_CALLS,
-                                  CHOICE_MIN_GAIN, warmup=1)
+    """A fresh choice between PyTorch (timed first) and `engine` (the challenger), per request size."""
+    return measure.MeasuredChoice(f"runtime: {engine}?", ("pytorch", engine), engine, CHOICE_CALLS,
+                                  CHOICE_MIN_GAIN, warmup=1, clear=CHOICE_CLEAR)
+
+
+def measures(precision: str, dense: bool) -> bool:
+    """Whether a request (`dense`: without padding) to an engine computing at `precision` is measured against
+    PyTorch: only a float32 engine's padded requests are; the engine answers every other."""
+    return precision == "f32" and not dense
+
+
+def compared(decisions: measure.MeasuredChoice | None, precision: str) -> measure.MeasuredChoice | None:
+    """`decisions`, an engine's choice, where the engine computes at `precision` as PyTorch does (float32); None
+    where it answers every request it can (`route`)."""
+    return decisions if measures(precision, dense=False) else None
 
 
 def key_of(rows: int, tokens: int) -> tuple:
@@ -38,44 +69,43 @@ def key_of(rows: int, tokens: int) -> tuple:
     return 1 << (rows - 1).bit_length(), 1 << (max(tokens, 1) - 1).bit_length(), torch.get_num_threads()
 
 
-def route(decisions: measure.MeasuredChoice, mask: np.ndarray) -> tuple[str, tuple | None]:
+def route(decisions: measure.MeasuredChoice | None, mask: np.ndarray) -> tuple[str, tuple | None]:
     """Which path answers a request whose attention mask is `mask`, decided here once per call for every engine:
-    (path, None) where the size is decided ("dense": the engine's fastest call, for a request without padding;
-    "engine"; "pytorch"), the engine whenever `CHOICE` says so; (path, key) while `decisions` still measures the
-    size: "engine" or "pytorch", whose call `timed` times under `key`. The engine then calls that path itself, so
-    a decided request enters this room once and comes back with no callback."""
+    (path, None) where the request is not measured ("dense": the engine's fastest call, for a request without
+    padding; "engine"; "pytorch"), the engine whenever `decisions` is None (an engine at a reduced precision,
+    `compared`) or `CHOICE` says so; (path, key) while `decisions` still measures the size: "engine" or "pytorch",
+    whose call `timed` times under `key`. The engine then calls that path itself, so a decided request enters this
+    room once and comes back with no callback."""
     rows, tokens = mask.shape[0], int(mask.sum())
-    key = None if CHOICE == "engine" else key_of(rows, tokens)
-    decided = True if key is None else decisions.decision(key)
-    if decided:
-        return "dense" if tokens == mask.size else "engine", None
+    if tokens == mask.size:
+        return "dense", None
+    if decisions is None or CHOICE == "engine":
+        return "engine", None
+    key = key_of(rows, tokens)
+    decided = decisions.decision(key)
     if decided is not None:
-        return "pytorch", None
+        return "engine" if decided else "pytorch", None
     return "pytorch" if decisions.turn(key) == "pytorch" else "engine", key
 
 
 def timed(decisions: measure.MeasuredChoice, key: tuple, path: str, call):
     """`call()` (a call of no argument), the output of `path` ("engine" or "pytorch", from `route`) for a request of
-    size `key`, timed for `decisions`."""
+    size `key`, timed for `decisions`; PyTorch's with the kernel choice pinned (the module docstring)."""
     if path != "pytorch":
         return decisions.time(key, decisions.challenger, call)
-    # A PyTorch call that also measured its products' kernels (kernels.py computes two products where it times one)
-    # is not counted: it would make PyTorch look slower than it will be.
-    measured = measure.timed_calls()
-    start = measure.clock()
-    output = call()
-    if measure.timed_calls() == measured:
-        decisions.record(key, path, measure.clock() - start)
-    return output
+    with kernels.pinned():
+        return decisions.time(key, path, call)
 
 
 def runtime_choices(model) -> dict[tuple, bool | None]:
-    """Per request size (rows and real tokens rounded up to powers of two, threads) seen by the engines in front of
-    `model`'s modules: True where the engine answers, False where PyTorch does, None while the first calls still
-    measure the two."""
+    """Per padded request size (rows and real tokens rounded up to powers of two, threads) seen by the float32
+    engines in front of `model`'s modules: True where the engine answers, False where PyTorch does, None while the
+    first calls still measure the two. Requests without padding, and every request to an engine at a reduced
+    precision, go to the engine unmeasured and are not listed."""
     choices = {}
     for module in model.modules():
-        decisions = getattr(vars(module).get("forward"), "choice", None)
+        engine = vars(module).get("forward")
+        decisions = compared(getattr(engine, "choice", None), getattr(engine, "precision", "f32"))
         if isinstance(decisions, measure.MeasuredChoice):
             choices.update(decisions.decisions(pending=True))
     return choices

@@ -28,10 +28,11 @@ user or a library asks of a model to inspect it answers from the shadow (`num_pa
 
 What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
 no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
-same weights) answers everything else, and, per request size, whichever of the two measured faster
-(hf_vanilla/runtimes/choice.py). Padded batches run as groups of rows of similar length (batches.py). Both answer
-within the parity rule of each other at float32; at bfloat16 and int8 the engines' kernels round differently from
-PyTorch's (the tests hold each to its precision's rule).
+same weights) answers everything else, and, at float32, the padded request sizes where it measured faster
+(hf_vanilla/runtimes/choice.py; at bf16 and int8 the engine answers every request it computes). Padded batches run
+as groups of rows of similar length (batches.py). Both answer within the parity rule of each other at float32; at
+bfloat16 and int8 the engines' kernels round differently from PyTorch's (the tests hold each to its precision's
+rule).
 
 What it takes: the bodies of `vanilla_encoder` models (`model.base_model`, embeddings to pooler). It refuses a model
 whose other modules share a tensor with a body (a masked-LM head tied to the word embeddings: the body's copy and
@@ -225,8 +226,8 @@ class OwnedEncoder(Engine):
 
     def _call(self, args: tuple, kwargs: dict):
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        return serve(self.shadow.config, arguments, self.token_types, self.choice, self._engine,
-                     functools.partial(self._pytorch, args, kwargs))
+        return serve(self.shadow.config, arguments, self.token_types, choice.compared(self.choice, self.precision),
+                     self._engine, functools.partial(self._pytorch, args, kwargs))
 
     def _engine(self, feeds: dict, dense: bool):
         """(run, output names, dtype) for `feeds` (`batches.serve`): the compilation the request runs on, after the
