@@ -13,8 +13,9 @@ Two inputs arrive this way:
 - a padded batch: a 2-D `attention_mask` whose every row starts with a real token (right padding, as BERT-family
   tokenizers pad); each row's real tokens are one sequence;
 - transformers' padding-free format (`DataCollatorWithFlattening`): sequences end to end in one row, no
-  attention_mask, told apart by `position_ids` restarting at 0, and optionally by the flash-attention keywords
-  `cu_seq_lens_q/k` (cumulative lengths over the flattened tokens) or by `seq_idx` (the sequence of each token).
+  attention_mask, told apart by `position_ids` starting again (at 0, or at the collator's `position_ids_start`), or
+  by the flash-attention keywords `cu_seq_lens_q/k` (cumulative lengths over the flattened tokens) or `seq_idx`
+  (the sequence of each token). position_ids that are not in that layout are positions, never boundaries.
   transformers' sdpa and eager models honour that format only in causal masks; an encoder run there attends across
   sequences. Here every family honours it, in every attention implementation, and a combination that cannot be
   told apart (an attention_mask beside explicit boundaries, boundaries that disagree) is refused.
@@ -45,11 +46,11 @@ def sequence_ids(shape, position_ids, attention_mask=None, packed_format=None):
     padding-free format; None for an ordinary batch (one sequence per row).
 
     The boundaries are read from, in this order, `cu_seq_lens_q/k` (cumulative lengths over the B*T flattened
-    tokens), `seq_idx` (B, T), and `position_ids` (B, T) restarting: a token starts a new sequence wherever its
-    position is not its predecessor's plus one, as transformers' causal masks read it (`find_packed_sequence_indices`),
-    and only without an attention_mask, as there. Where several are given they must agree. E.g. position_ids
-    [[0, 1, 2, 0, 1]] -> [[0, 0, 0, 1, 1]]. While tracing the boundaries come from position_ids alone and are
-    always a tensor (a graph must not branch on values)."""
+    tokens), `seq_idx` (B, T), and `position_ids` (B, T) in the collator's layout (`_restarts`: counting up by one
+    and starting again from the row's first position), only without an attention_mask, as transformers reads them.
+    Where several are given they must agree. E.g. position_ids [[0, 1, 2, 0, 1]] -> [[0, 0, 0, 1, 1]], while
+    [[0, 2, 4, 6]] or [[0, 0, 1, 1]] are positions of one sequence. While tracing the boundaries come from
+    position_ids alone and are always a tensor (a graph must not branch on values)."""
     packed_format = {k: v for k, v in (packed_format or {}).items() if k in FORMAT_KEYWORDS and v is not None}
     explicit = {k: packed_format[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx") if k in packed_format}
     if explicit and attention_mask is not None:
@@ -111,8 +112,19 @@ def _starts(ids):
 
 
 def _restarts(position_ids):
-    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)  # (B, T): the first token continues
-    return (position_ids != previous + 1).cumsum(-1)  # (B, T)
+    """(B, T) sequence ids of the rows in DataCollatorWithFlattening's layout, zeros for the other rows.
+
+    A row is in that layout where each position is its predecessor's plus one or starts again from the row's first
+    position (0, or the collator's `position_ids_start`: 2 for RoBERTa's table), as flash attention reads packed
+    positions (`prepare_fa_kwargs_from_position_ids`). Any other step ([0, 0, 1, 1], [0, 2, 4, 6], [0, 1, 2, 3, 3])
+    makes the row's position_ids plain positions of one sequence, as BertModel reads them: explicit positions are
+    boundaries only in the packed layout."""
+    start = position_ids[:, :1]  # (B, 1): where every sequence of the row starts
+    follows = position_ids[:, 1:] == position_ids[:, :-1] + 1  # (B, T - 1)
+    restarts = ~follows & (position_ids[:, 1:] == start)  # (B, T - 1): a new sequence starts here
+    packed = (follows | restarts).all(-1, keepdim=True)  # (B, 1): no other step in the row
+    ids = torch.cat([torch.zeros_like(start), restarts.long().cumsum(-1)], dim=-1)  # (B, T)
+    return ids * packed
 
 
 def _from_cumulative(cu, shape):

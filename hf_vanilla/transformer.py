@@ -40,7 +40,7 @@ from .kernels import VanillaLinear
 from .masks import cross_attention_mask, has_padding, self_attention_mask
 from .packing import (PackedBatch, attend_within_sequences, can_pack, can_pack_source, positions_within,
                       sequence_ids)
-from .validation import check_inputs, self_attention_cache
+from .validation import check_inputs, positions_counted_from_zero, self_attention_cache
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Embeddings (sections 3.4 and 3.5)
@@ -393,7 +393,7 @@ class VanillaStack(nn.Module):
         check_inputs(config, is_decoder=self.is_decoder, input_ids=input_ids, inputs_embeds=inputs_embeds,
                      token_type_ids=token_type_ids, position_ids=position_ids, attention_mask=attention_mask,
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
-                     encoder_attention_mask=encoder_attention_mask,
+                     encoder_attention_mask=encoder_attention_mask, packed_format=kwargs,
                      dtype=self.layers[0].self_attn_norm.weight.dtype)  # the token table's may be int8
         B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         sequences, encoder_sequences = self._sequences(
@@ -488,7 +488,9 @@ class VanillaStack(nn.Module):
         (None where packed: attention runs within each sequence)."""
         B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if sequences is not None and position_ids is None:  # packed sequences count their positions from their start
-            position_ids = positions_within(sequences) + (0 if self.is_decoder else self.config.position_offset)
+            position_ids = positions_within(sequences)
+            if not positions_counted_from_zero(self.config, self.is_decoder):  # then they are the table's rows
+                position_ids = position_ids + self.config.position_offset
         position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
         token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
         if packed is not None:  # (B, T) -> (N,): the real tokens alone
@@ -511,14 +513,15 @@ class VanillaStack(nn.Module):
     def _positions(self, position_ids, past_length, B, T, inputs):
         """Each token's row in the position table, (B, T). Without `position_ids`, tokens count from the cache's
         length (the table's `position_offset` first). A causal stack takes `position_ids` counted from 0, as
-        `generate` derives them from a left-padded mask (GPT-2's convention; BART adds its offset the same way); an
-        encoder takes the table's rows, as BERT and RoBERTa do."""
+        `generate` derives them from a left-padded mask (GPT-2's convention), and so do both stacks of the
+        encoder-decoder (BART adds its offset to every position); an encoder alone takes the table's rows, as BERT
+        and RoBERTa do (validation.positions_counted_from_zero)."""
         device = next(x for x in inputs if x is not None).device
         offset = self.config.position_offset
         if position_ids is None:
             start = offset + past_length  # a tensor only for a static cache while tracing
             position_ids = (torch.arange(start, start + T, device=device) if isinstance(start, int)
                             else torch.arange(T, device=device) + start)
-        elif self.is_decoder and offset:
+        elif offset and positions_counted_from_zero(self.config, self.is_decoder):
             position_ids = position_ids + offset
         return position_ids.expand(B, T)  # (T,) or (1, T), shared by every row -> (B, T)

@@ -26,6 +26,7 @@ import torch
 
 from .kernels import is_tracing
 from .masks import check_mask_shape, check_mask_values
+from .packing import positions_within, sequence_ids
 
 IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
 ID_DTYPES = (torch.int64, torch.int32)
@@ -51,13 +52,16 @@ def refuse_non_tensors(forward, args: tuple, kwargs: dict) -> None:
 
 
 def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask,
-                 past_length=0, cache=None, encoder_hidden_states=None, encoder_attention_mask=None, dtype=None):
+                 past_length=0, cache=None, encoder_hidden_states=None, encoder_attention_mask=None, dtype=None,
+                 packed_format=None):
     """Refuse bad input to a stack with a message naming the problem and the fix, before anything runs: which
     input is given, the shapes, then (outside tracing, where values cannot be read) the values.
 
     `past_length` counts the tokens already in the key/value `cache`, whose size also sets how many keys a 4-D
     mask must cover (past + new tokens, or a static cache's full length). `dtype`: the stack's weights', which
-    `inputs_embeds` must match (a float64 embedding would meet float32 weights in the first LayerNorm)."""
+    `inputs_embeds` must match (a float64 embedding would meet float32 weights in the first LayerNorm).
+    `packed_format`: transformers' packed-format keywords (packing.FORMAT_KEYWORDS); sequences packed in a row by
+    them each count their positions from their own start, so the position table must cover the longest of them."""
     prefix = "decoder_" if is_decoder and getattr(config, "is_encoder_decoder", False) else ""  # names the caller used
     ids_name, embeds_name, mask_name = f"{prefix}input_ids", f"{prefix}inputs_embeds", f"{prefix}attention_mask"
     if (input_ids is None) == (inputs_embeds is None):
@@ -79,7 +83,19 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         return
     check_mask_values(mask_name, attention_mask)
     check_mask_values("attention_mask", encoder_attention_mask)
-    _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, position_ids, past_length + shape[1])
+    length = past_length + shape[1]
+    if position_ids is None and packed_format:
+        sequences = sequence_ids(shape, None, attention_mask, packed_format)  # None for an ordinary batch
+        length = length if sequences is None else int(positions_within(sequences).max()) + 1  # the longest
+    _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, position_ids, length)
+
+
+def positions_counted_from_zero(config, is_decoder) -> bool:
+    """Whether a stack reads explicit `position_ids` counted from 0 and adds its table's `position_offset` itself:
+    a causal stack (as `generate` derives them from a mask, GPT-2's convention) and both stacks of the
+    encoder-decoder (BART's learned positions add their offset to every position); an encoder alone takes them as
+    rows of its table, as BERT and RoBERTa do."""
+    return is_decoder or getattr(config, "is_encoder_decoder", False)
 
 
 def _tokens_shape(config, ids_name, input_ids, embeds_name, inputs_embeds, dtype) -> tuple[int, int]:
@@ -162,7 +178,7 @@ def _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, po
             f"{config.position_offset}): truncate the input, e.g. tokenizer(..., truncation=True, "
             f"max_length={max_length}){fix}."
         )
-    if is_decoder and config.position_offset:  # a causal stack counts positions from 0 and adds the offset
+    if positions_counted_from_zero(config, is_decoder) and config.position_offset:  # the offset is added inside
         _check_range("position_ids", position_ids, max_length, "max_position_embeddings - position_offset",
                      "pass positions counted from 0 below that, or truncate the input")
     else:
@@ -294,5 +310,6 @@ def _check_range(name, ids, limit, limit_name, fix):
 
 __all__ = [
     "IGNORE_INDEX", "check_choices", "check_eos_tokens", "check_inputs", "check_labels", "check_sequence_labels",
-    "check_span_positions", "check_target", "check_token_labels", "self_attention_cache",
+    "check_span_positions", "check_target", "check_token_labels", "positions_counted_from_zero",
+    "self_attention_cache",
 ]

@@ -191,6 +191,21 @@ def test_sequence_longer_than_position_table(attn, offset):
                    input_ids=ids(length=longest + 1), attention_mask=padded_mask(length=longest + 1))
 
 
+def test_packed_sequences_each_fit_the_position_table():
+    """Sequences told apart by transformers' packed keywords alone (cu_seq_lens, seq_idx; no position_ids) each count
+    their positions from their own start: the table must cover the longest sequence, not the row they share."""
+    model, input_ids = encoder(), ids(batch=1, length=3 * P)
+    for fits, lengths in ((True, [P, P, P]), (False, [P - 1, P + 1, P])):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        seq_idx = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))[None]
+        for keywords in (dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu), dict(seq_idx=seq_idx)):
+            if fits:
+                with torch.no_grad():
+                    assert model(input_ids=input_ids, **keywords).last_hidden_state.shape == (1, 3 * P, 16)
+            else:
+                assert_refused(model, [rf"has {P + 1} tokens", rf"at most {P}\b"], input_ids=input_ids, **keywords)
+
+
 def test_sinusoidal_positions_have_the_same_limit():
     model = encoder(position_embedding_type="sinusoidal", position_offset=3)
     model(input_ids=ids(length=P - 3))

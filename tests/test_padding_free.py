@@ -8,19 +8,24 @@
    same check on the same weights: the check can fail.
 2. A padded batch trains padding-free in the decoder-only LM and the encoder-decoder too (causal within each target,
    cross-attention to its own source), with the padded computation's loss and gradients.
+3. transformers' own models on the same weights (BERT, BART) give the same answers: packed pairs with BART's
+   position offset, position_ids that are positions and not boundaries, packed sequences longer together than the
+   position table.
 All comparisons at the float32 rule of tests/numerics.py.
 """
 
 import pytest
 import torch
 from numerics import assert_close
-from transformers import BertConfig, BertModel, DataCollatorWithFlattening
+import transformers
+from transformers import BartConfig, BertConfig, BertModel, DataCollatorWithFlattening
 
 from hf_vanilla import (
     VanillaDecoderForCausalLM, VanillaEncoderConfig, VanillaEncoderForMaskedLM, VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification, VanillaEncoderModel, VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
 )
+from hf_vanilla.conversion.formats import bart
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.modeling_vanilla import shift_tokens_right
 
@@ -36,7 +41,7 @@ def randomised(model):
     torch.manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if "norm" not in name:
+            if "norm" not in name.lower():  # ours and BART's "...norm...", BERT's "LayerNorm"
                 parameter.normal_(std=0.15)
     return model
 
@@ -58,6 +63,11 @@ def seq2seq_config():
 def sequences(seed, lengths=LENGTHS):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(5, VOCAB, (n,), generator=generator) for n in lengths]
+
+
+def restarting(rows):
+    """(1, N) position_ids of `rows` laid end to end, each counting from 0 (packed pairs' layout)."""
+    return torch.cat([torch.arange(len(row)) for row in rows])[None]
 
 
 def flattened(rows, **collator_options):
@@ -165,10 +175,6 @@ def test_packed_pairs_train_each_pair_alone(attn):
     model = randomised(VanillaSeq2SeqForConditionalGeneration(seq2seq_config())).train()
     model.set_attn_implementation(attn)
     sources, targets = sequences(3), sequences(4, (4, 2, 7, 7, 3, 1))
-
-    def restarting(rows):
-        return torch.cat([torch.arange(len(row)) for row in rows])[None]
-
     labels = torch.cat(targets)
     packed = dict(input_ids=torch.cat(sources)[None], position_ids=restarting(sources), labels=labels[None],
                   decoder_position_ids=restarting(targets))
@@ -339,3 +345,116 @@ def test_masked_lm_scores_the_real_tokens_alone(packed_batches):
     assert_close(out.logits[real], expected.logits[real].detach(), msg="logits at real tokens")
     assert_close(out.loss, expected.loss.detach(), msg="loss")
     assert_same_gradients(actual_gradients, expected_gradients)
+
+
+# ---- 3. transformers' answer, on the same weights ----------------------------------------------------------------
+
+
+def bert_pair(head, model_class, attn="sdpa", **fields):
+    """A randomised transformers BERT `model_class` and ours converted from it (`head`), sharing its tensors; both in
+    training mode (dropout 0), the mode a training step runs in."""
+    config = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, attn_implementation=attn, **fields)
+    reference = randomised(model_class(config)).train()
+    ours = bert_to_vanilla(reference.state_dict(), config.to_dict(), head).train()
+    ours.set_attn_implementation(attn)
+    return reference, ours
+
+
+def bart_pair(class_name, attn="sdpa", **fields):
+    """A randomised transformers BART `class_name` (BART's ids: padding 1, decoder start 2; positions offset by 2)
+    and ours converted from it, sharing its tensors; both in training mode (dropout 0)."""
+    config = BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=96, max_position_embeddings=64,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, attn_implementation=attn, **fields)
+    reference = randomised(getattr(transformers, class_name)(config)).train()
+    ours = bart.FORMAT.to_vanilla(reference.state_dict(), config.to_dict(), class_name).train()
+    ours.set_attn_implementation(attn)
+    return reference, ours
+
+
+def backward(model, **inputs):
+    """A training step's forward and backward, from zeroed gradients; returns the outputs."""
+    model.zero_grad()
+    out = model(**inputs)
+    out.loss.backward()
+    return out
+
+
+def assert_reference_gradients(ours, reference, renamed=None, skipped=()):
+    """Every gradient of ours equals the reference's for the same parameter. The conversion shares the reference's
+    tensors, so each of ours is found by its storage; `renamed` names the counterparts of the few it copies (ours ->
+    reference name), `skipped` those without one. Every reference parameter with a gradient is compared."""
+    theirs = {p.data_ptr(): name for name, p in reference.named_parameters()}
+    reference_parameters = dict(reference.named_parameters())
+    compared = set()
+    for name, parameter in ours.named_parameters():
+        if parameter.grad is None or name in skipped:
+            continue
+        counterpart = (renamed or {}).get(name) or theirs[parameter.data_ptr()]
+        assert_close(parameter.grad, reference_parameters[counterpart].grad, msg=f"gradient of {name} ({counterpart})")
+        compared.add(counterpart)
+    assert compared == {name for name, p in reference.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_pairs_with_bart_positions_match_bart_pair_by_pair(attn):
+    """Packed pairs of a BART checkpoint (learned positions offset by 2) in the documented layout, position_ids and
+    decoder_position_ids counting from 0: both stacks add the offset, so every pair gets BartForConditionalGeneration's
+    answer for it alone: encoder states, logits, loss and gradients."""
+    reference, ours = bart_pair("BartForConditionalGeneration", attn)
+    sources, targets = sequences(17), sequences(18, (4, 2, 7, 7, 3, 1))
+    labels = torch.cat(targets)
+    reference.zero_grad()
+    alone = [reference(input_ids=s[None], labels=t[None]) for s, t in zip(sources, targets)]
+    logits = torch.cat([a.logits[0] for a in alone])
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    loss.backward()
+    out = backward(ours, input_ids=torch.cat(sources)[None], position_ids=restarting(sources), labels=labels[None],
+                   decoder_position_ids=restarting(targets))
+    encoder_states = torch.cat([a.encoder_last_hidden_state[0] for a in alone])
+    assert_close(out.encoder_last_hidden_state[0], encoder_states.detach(), msg="encoder states")
+    assert_close(out.logits[0], logits.detach(), msg="logits")
+    assert_close(out.loss, loss.detach(), msg="loss")
+    assert_reference_gradients(ours, reference, skipped={"lm_head.decoder.bias"})
+
+
+@pytest.mark.parametrize("positions", [[0, 2, 4, 6, 8, 10], [0, 0, 1, 1, 2, 2], [0, 1, 2, 3, 3, 3]])
+def test_explicit_positions_are_positions_not_boundaries(positions, packed_batches):
+    """position_ids out of DataCollatorWithFlattening's layout (counting up by one, starting again from the first
+    position) are each token's position, as BertModel reads them: without an attention mask as with a mask of
+    ones."""
+    reference, ours = bert_pair("base", BertModel)
+    input_ids, position_ids = sequences(19, (6,))[0][None], torch.tensor([positions])
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, position_ids=position_ids).last_hidden_state
+        for mask in (None, torch.ones_like(input_ids)):
+            got = ours(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).last_hidden_state
+            assert_close(got, expected, msg=f"attention_mask {'of ones' if mask is not None else 'None'}")
+    assert not packed_batches
+
+
+def test_packed_sequences_longer_together_than_the_position_table():
+    """DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=False): five sequences of 20
+    tokens, 100 together, on a 64-position table. Each counts its positions from its own start and fits: every
+    sequence gets BertModel's answer for it alone."""
+    reference, ours = bert_pair("base", BertModel)
+    rows = sequences(20, (20,) * 5)
+    batch = flattened(rows, return_flash_attn_kwargs=True, return_position_ids=False)
+    batch.pop("labels")
+    with torch.no_grad():
+        expected = torch.cat([reference(input_ids=row[None]).last_hidden_state[0] for row in rows])
+        assert_close(ours(**batch).last_hidden_state[0], expected)
+
+
+def test_packed_positions_may_start_at_two():
+    """DataCollatorWithFlattening(position_ids_start=2), as a RoBERTa table needs (its first position is row 2):
+    sequences start again at 2, and each packed sequence gets its answer alone."""
+    model = randomised(VanillaEncoderModel(encoder_config(position_offset=2))).eval()
+    rows = sequences(21)
+    batch = flattened(rows, position_ids_start=2)
+    batch.pop("labels")
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=row[None]).last_hidden_state[0] for row in rows])
+        assert_close(model(**batch).last_hidden_state[0], alone)
