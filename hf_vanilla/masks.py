@@ -45,7 +45,7 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
       keys of its own sequence.
     """
     if attention_mask is not None and attention_mask.dim() == 4:
-        return attention_mask.to(dtype) if attention_mask.is_floating_point() else additive_mask(attention_mask, dtype)
+        return given_mask(attention_mask, dtype)
     padded = has_padding(attention_mask)
     if not causal:
         if sequences is not None:  # no padding mask beside packed sequences (packing.sequence_ids refuses both)
@@ -81,11 +81,20 @@ def sequence_causal_mask(length: int, dtype, device, implementation: str):
     return self_attention_mask(None, length, 0, length, True, dtype, device)
 
 
+def given_mask(mask, dtype):
+    """A 4-D mask (B|1, 1, T|1, S), the caller's final word, in the additive convention: a float mask is additive
+    already (0 / a large negative number), a bool or 1/0 one is converted."""
+    return mask.to(dtype) if mask.is_floating_point() else additive_mask(mask, dtype)
+
+
 def cross_attention_mask(encoder_attention_mask, dtype, sequences=None, encoder_sequences=None):
     """The additive mask (B, 1, 1, S) cross-attention adds to its scores: the source's padding keys hidden (section
     3.2.3: every target position attends over all source positions), or None without a source mask. With packed
     sequences (`sequences` (B, T) for the target, `encoder_sequences` (B, S) for the source), target sequence i reads
-    source sequence i alone: (B, 1, T, S)."""
+    source sequence i alone: (B, 1, T, S). A 4-D source mask (B|1, 1, T|1, S) is used as given, target position t
+    reading its row t, as transformers' encoder-decoders pass a custom 4-D mask on to cross-attention."""
+    if encoder_attention_mask is not None and encoder_attention_mask.dim() == 4:
+        return given_mask(encoder_attention_mask, dtype)
     if sequences is not None and encoder_sequences is not None:
         same = sequences[:, :, None] == encoder_sequences[:, None, :]  # (B, T, S)
         if encoder_attention_mask is not None:
@@ -149,5 +158,5 @@ def check_mask_values(name, mask):
         )
 
 
-__all__ = ["additive_mask", "check_mask_shape", "check_mask_values", "cross_attention_mask", "has_padding",
-           "self_attention_mask", "sequence_causal_mask"]
+__all__ = ["additive_mask", "check_mask_shape", "check_mask_values", "cross_attention_mask", "given_mask",
+           "has_padding", "self_attention_mask", "sequence_causal_mask"]

@@ -151,10 +151,24 @@ def _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask,
             f"{ids_name} has {shape[0]} rows but the encoder output has {source_shape[0]}: pass one target "
             f"row per source row."
         )
-    if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != source_shape:
+    if encoder_attention_mask is None:
+        return
+    mask_shape = tuple(encoder_attention_mask.shape)
+    if encoder_attention_mask.dim() == 4:
+        # A custom 4-D mask (packed sequences with their own block-diagonal mask, as transformers' models take):
+        # cross-attention reads it as given, target position t its row t (masks.cross_attention_mask).
+        batch, heads, queries, keys = mask_shape
+        if batch not in (1, shape[0]) or heads != 1 or queries not in (1, shape[1]) or keys != source_shape[1]:
+            raise ValueError(
+                f"A 4-D attention_mask of shape {mask_shape} reaches cross-attention, which reads it as (batch, 1, "
+                f"target length, source length) = ({shape[0]}, 1, {shape[1]}, {source_shape[1]}) (batch and target "
+                f"length may be 1, to broadcast): pass a target of the source's length, a 4-D mask of that shape, or "
+                f"the source's 2-D padding mask."
+            )
+    elif mask_shape != source_shape:
         raise ValueError(
-            f"attention_mask has shape {tuple(encoder_attention_mask.shape)} but the encoder output covers "
-            f"{source_shape} source tokens: pass the attention_mask that came with the source input_ids."
+            f"attention_mask has shape {mask_shape} but the encoder output covers {source_shape} source tokens: "
+            f"pass the attention_mask that came with the source input_ids."
         )
 
 

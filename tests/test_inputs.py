@@ -430,6 +430,76 @@ def test_encoder_outputs_must_match_the_target_batch_and_the_mask():
                         decoder_input_ids=ids(length=4))
 
 
+def bart_and_ours():
+    """A randomised transformers BartForConditionalGeneration and ours converted from it (sharing its tensors)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from hf_vanilla.conversion.formats import bart
+
+    config = BartConfig(vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=P,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    torch.manual_seed(0)
+    reference = BartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # larger weights than the default init: attention far from uniform, outputs of order 1
+        for name, parameter in reference.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(std=0.15)
+    ours = bart.FORMAT.to_vanilla(reference.state_dict(), config.to_dict(), "BartForConditionalGeneration")
+    return reference, ours.eval()
+
+
+def shared_prefix_mask():
+    """transformers' custom 4-D mask test: a prefix of 3 tokens and three endings, each ending reading the prefix and
+    itself alone (causally), as one additive (1, 1, 6, 6) mask."""
+    allowed = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    allowed[4, 3] = allowed[5, 3] = allowed[5, 4] = False
+    return (~allowed).float()[None, None] * torch.finfo(torch.float32).min
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_custom_4d_mask_reaches_cross_attention_as_in_bart(attn):
+    """A custom 4-D attention_mask is a valid input to the encoder-decoder, as to transformers' models: the encoder
+    attends as it says, and cross-attention reads it as given, target position t its row t, as BART passes it on.
+    Ours gives BartForConditionalGeneration's encoder states and logits on the same weights. With the position_ids
+    of transformers' own test ([[0, 1, 2, 3, 3, 3]]: positions, not packed boundaries) each ending's encoder state
+    is the one its sequence gets alone under its causal mask."""
+    reference, ours = bart_and_ours()
+    reference.set_attn_implementation(attn)
+    ours.set_attn_implementation(attn)
+    prefix, endings = torch.tensor([10, 11, 12]), torch.tensor([13, 14, 15])
+    input_ids, mask = torch.cat([prefix, endings])[None], shared_prefix_mask()
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, attention_mask=mask)
+        got = ours(input_ids=input_ids, attention_mask=mask)
+        assert_close(got.encoder_last_hidden_state, expected.encoder_last_hidden_state, msg="encoder states")
+        assert_close(got.logits, expected.logits, msg="logits")
+
+        shared = ours(input_ids=input_ids, attention_mask=mask, position_ids=torch.tensor([[0, 1, 2, 3, 3, 3]]))
+        for i, ending in enumerate(endings):
+            alone = ours(input_ids=torch.cat([prefix, ending[None]])[None], attention_mask=mask[..., :4, :4])
+            assert_close(shared.encoder_last_hidden_state[0, 3 + i], alone.encoder_last_hidden_state[0, 3],
+                         msg=f"ending {i}")
+
+
+def test_a_4d_source_mask_must_fit_cross_attention():
+    """Cross-attention reads a 4-D source mask row by row for the target's positions: a target of another length
+    than the mask's rows is refused, naming the shapes, before the decoder runs; a real mismatch of the source is
+    still refused."""
+    model = seq2seq()
+    mask = shared_prefix_mask()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(ids(batch=1), attention_mask=mask)
+    decoder_refused(model, [r"4-D attention_mask of shape \(1, 1, 6, 6\) reaches cross-attention",
+                            r"\(1, 1, 4, 6\)"],
+                    encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=ids(batch=1, length=4))
+    decoder_refused(model, [r"\(1, 1, 6, 5\)"], encoder_outputs=encoder_outputs, attention_mask=mask[..., :5],
+                    decoder_input_ids=ids(batch=1))
+    with torch.no_grad():  # a target as long as the source reads the mask as given
+        model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=ids(batch=1))
+
+
 def test_encoder_outputs_as_a_tuple():
     """As from `return_dict=False` or an exported encoder: (last_hidden_state, ...) is read like the dataclass."""
     model, target = seq2seq(), ids(length=4)
