@@ -127,8 +127,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
         if labels is None and shift_labels is None:
             return None
         check_labels(shift_labels, self.config.vocab_size, "vocab_size")
-        if shift_labels is None:
-            shift_labels = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t's next token
+        shift_labels = next_tokens(labels, shift_labels)
         scores = logits.all
         if logits.real is not None:  # (1, N, V) and (1, N): the real tokens alone
             scores, shift_labels = logits.packed[None], shift_labels[logits.real.to(shift_labels.device)][None]
@@ -143,6 +142,26 @@ class VanillaPreTrainedModel(PreTrainedModel):
 def packed_format(kwargs):
     """transformers' packed-format keywords among a forward's `kwargs` (packing.FORMAT_KEYWORDS), for the body."""
     return {name: kwargs[name] for name in FORMAT_KEYWORDS if name in kwargs}
+
+
+def next_tokens(labels, shift_labels=None):
+    """(B, T): the label a causal language model scores position t against: labels[t + 1] (-100 at the last
+    position), or `shift_labels[t]` where the caller shifted them already. None without either."""
+    if shift_labels is not None or labels is None:
+        return shift_labels
+    return nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t's next token
+
+
+def reads_padding(labels, attention_mask) -> bool:
+    """Whether a loss scores padding positions: `labels` (B, T), one per position whose output the loss reads, hold
+    a label other than -100 where the 2-D `attention_mask` holds 0. transformers' models score those positions with
+    the outputs the padded computation gives them (each padding position attending to its row's real tokens); the
+    padding-free path leaves them at zero, so the body is asked for the padded path (`outputs_at_padding`)."""
+    if labels is None or attention_mask is None or attention_mask.dim() != 2 or is_tracing():
+        return False
+    if tuple(labels.shape) != tuple(attention_mask.shape):  # e.g. a cache's keys counted in the mask: not packed
+        return False
+    return bool(((labels.to(attention_mask.device) != -100) & ~attention_mask.bool()).any())
 
 
 def no_cache_for_labels(use_cache, labels):
@@ -257,15 +276,17 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, cache=None, past_key_values=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+                output_hidden_states=None, return_dict=None, outputs_at_padding=False, **kwargs):
         """input_ids, attention_mask, token_type_ids: (B, T). Returns last_hidden_state (B, T, E), pooler_output
         (B, E), and per layer the hidden states (B, T, E) and attention weights (B, H, T, T) when asked.
-        `cache` (`past_key_values` before transformers 5.24): the causal LM's key/value cache."""
+        `cache` (`past_key_values` before transformers 5.24): the causal LM's key/value cache.
+        A right-padded batch runs padding-free, its padding positions' states left at zero; `outputs_at_padding`
+        computes them as the padded computation does (BertModel's states there), for a loss that reads them."""
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds,
                            past_key_values=one_cache(cache, past_key_values), use_cache=use_cache,
                            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+                           outputs_at_padding=outputs_at_padding, **packed_format(kwargs))
         pooled = None
         if self.pooler is not None:
             # One pooled state per sequence: per row, or per sequence of transformers' packed format (count, E).
@@ -329,7 +350,7 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+                           outputs_at_padding=reads_padding(labels, attention_mask), **packed_format(kwargs))
         logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         return self._output(MaskedLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
@@ -360,10 +381,12 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
         `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
+        next_labels = next_tokens(labels, kwargs.get("shift_labels"))  # (B, T): what position t is scored against
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states, cache=one_cache(cache, past_key_values),
-                           use_cache=no_cache_for_labels(use_cache, labels), **packed_format(kwargs))
+                           use_cache=no_cache_for_labels(use_cache, next_labels),
+                           outputs_at_padding=reads_padding(next_labels, attention_mask), **packed_format(kwargs))
         logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
@@ -402,7 +425,7 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+                           outputs_at_padding=reads_padding(labels, attention_mask), **packed_format(kwargs))
         prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = None if labels is None or next_sentence_label is None else (
@@ -509,7 +532,7 @@ class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                            output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+                           outputs_at_padding=reads_padding(labels, attention_mask), **packed_format(kwargs))
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
         return self._output(TokenClassifierOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
@@ -526,11 +549,16 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
                 start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
         """start_positions, end_positions: (B,) token indices of the answer span (outside the input: ignored).
-        Returns start_logits and end_logits, (B, T) each."""
+        Returns start_logits and end_logits, (B, T) each.
+
+        The loss is a softmax over every position, padding included, as BertForQuestionAnswering's: with positions
+        given, a padded batch runs padded, its padding positions scored from their own states. Without them it runs
+        padding-free, and padding positions score the head's bias (their states are zero there)."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
+        scores_spans = start_positions is not None or end_positions is not None
         out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
+                           output_hidden_states=output_hidden_states, outputs_at_padding=scores_spans,
                            **packed_format(kwargs))
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
@@ -649,15 +677,20 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, cache=None, position_ids=None, decoder_position_ids=None, **kwargs):
+                return_dict=None, cache=None, position_ids=None, decoder_position_ids=None, outputs_at_padding=False,
+                **kwargs):
         """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
         segments. `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from
         `return_dict=False`. Returns the decoder's last_hidden_state (B, T, E), the encoder's (B, S, E), and the
-        cache, hidden states and attention weights of both stacks when asked.
+        cache, hidden states and attention weights of both stacks when asked. `outputs_at_padding`: compute the
+        decoder's padding positions (of `decoder_attention_mask`) as the padded computation does, for a loss that
+        reads them; a padded target otherwise runs padding-free, its padding positions left at zero.
 
-        Packed pairs (transformers' padding-free format, without attention masks): sources end to end with
-        `position_ids` restarting at 0 at each, targets likewise with `decoder_position_ids`; target i reads source
-        i. (`cu_seq_lens_*` cannot say which boundaries are whose here, and are refused.)"""
+        `position_ids` and `decoder_position_ids` count from 0 in both stacks; the table's `position_offset` (BART's
+        2) is added to each inside. Packed pairs (transformers' padding-free format, without attention masks):
+        sources end to end with `position_ids` restarting at 0 at each, targets likewise with
+        `decoder_position_ids`; target i reads source i. (`cu_seq_lens_*` cannot say which boundaries are whose
+        here, and are refused.)"""
         if packed_format(kwargs):
             raise ValueError(
                 f"{', '.join(packed_format(kwargs))} cannot tell source boundaries from target ones: pass packed "
@@ -682,6 +715,7 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
             position_ids=decoder_position_ids, encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask, encoder_position_ids=position_ids, past_key_values=past_key_values,
             use_cache=use_cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            outputs_at_padding=outputs_at_padding,
         )
         # The decoder's last_hidden_state, past_key_values and cross_attentions carry over by name; the rest:
         return self._output(Seq2SeqModelOutput, decoder_out, return_dict,
@@ -752,7 +786,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
                          inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
                          output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                          return_dict=True, position_ids=position_ids, decoder_position_ids=decoder_position_ids,
-                         **packed_format(kwargs))
+                         outputs_at_padding=reads_padding(labels, decoder_attention_mask), **packed_format(kwargs))
         logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         return self._output(Seq2SeqLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
@@ -808,7 +842,8 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
                          decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
                          token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, use_cache=False,
                          decoder_inputs_embeds=decoder_inputs_embeds, output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True)
+                         output_hidden_states=output_hidden_states, return_dict=True,
+                         outputs_at_padding=start_positions is not None or end_positions is not None)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
         return self._output(Seq2SeqQuestionAnsweringModelOutput, out, return_dict, loss=loss,
@@ -851,10 +886,11 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
                 past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                return_dict=None, outputs_at_padding=False, **kwargs):
         """input_ids, attention_mask: (B, T). Returns last_hidden_state (B, T, E) and, when asked, the cache
         (`cache`, or `past_key_values` before transformers 5.24) and the hidden states and attention weights of
-        every layer.
+        every layer. `outputs_at_padding`: compute the padding positions as the padded computation does, for a loss
+        that reads them (a padded batch otherwise runs padding-free, its padding positions left at zero).
 
         position_ids: (B, T), each token's position counted from 0 (the table's `position_offset` is added here).
         Left padding needs them, as in GPT-2: with a prompt padded on the left, its first real token is at position
@@ -863,7 +899,8 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            inputs_embeds=inputs_embeds, past_key_values=one_cache(cache, past_key_values),
                            use_cache=use_cache, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states, **packed_format(kwargs))
+                           output_hidden_states=output_hidden_states, outputs_at_padding=outputs_at_padding,
+                           **packed_format(kwargs))
         return self._output(BaseModelOutputWithPastAndCrossAttentions, out, return_dict)
 
 
@@ -887,10 +924,12 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         position_ids: (B, T) counted from 0, as in `VanillaDecoderModel`. Returns logits (B, T, V) and, with
         `use_cache`, the key/value cache for the next step (`cache`, or `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
+        next_labels = next_tokens(labels, kwargs.get("shift_labels"))  # (B, T): what position t is scored against
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          inputs_embeds=inputs_embeds, cache=one_cache(cache, past_key_values),
-                         use_cache=no_cache_for_labels(use_cache, labels), output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True, **packed_format(kwargs))
+                         use_cache=no_cache_for_labels(use_cache, next_labels), output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, return_dict=True,
+                         outputs_at_padding=reads_padding(next_labels, attention_mask), **packed_format(kwargs))
         logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)

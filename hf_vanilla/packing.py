@@ -24,9 +24,14 @@ What it guarantees: at every real token the output equals the padded computation
 same sums over the same keys, in another kernel); padding positions come back as zeros. A causal stack attends to
 the past of its own sequence; cross-attention reads the source sequence of the same index (the same row of a padded
 batch, or the i-th source of a packed one). It is used only where nothing else can differ: no key/value cache, no
-attention maps asked for, and not while tracing or exporting (shapes here depend on the mask's values). There, the
-packed format still holds through a mask (masks.self_attention_mask's `sequences`): quadratic in the row, but never
-across sequences.
+attention maps asked for, no loss that reads padding positions, and not while tracing or exporting (shapes here
+depend on the mask's values). There, the packed format still holds through a mask (masks.self_attention_mask's
+`sequences`): quadratic in the row, but never across sequences.
+
+A loss reads padding positions where extractive QA's softmax runs over every position, or where a label other than
+-100 sits at padding. The padded computation (and transformers) computes those positions from the padding tokens,
+each attending to its row's real tokens; computing them here would cost what the padded path costs (every layer's
+feed-forward at every position), so such a batch takes the padded path (`can_pack`'s `outputs_at_padding`).
 """
 
 import itertools
@@ -145,9 +150,12 @@ def _from_seq_idx(seq_idx, shape):
     return seq_idx.long()
 
 
-def can_pack(attention_mask, sequences, output_attentions: bool, cached: bool) -> bool:
-    """Whether a stack's batch runs padding-free (see the module docstring for the conditions)."""
-    if output_attentions or cached or is_tracing():
+def can_pack(attention_mask, sequences, output_attentions: bool, cached: bool,
+             outputs_at_padding: bool = False) -> bool:
+    """Whether a stack's batch runs padding-free (see the module docstring for the conditions). `outputs_at_padding`:
+    the caller reads the padding positions' outputs (a loss that scores them), which the padded path computes and
+    the padding-free one leaves at zero."""
+    if output_attentions or cached or outputs_at_padding or is_tracing():
         return False
     if sequences is not None:
         return attention_mask is None

@@ -355,7 +355,7 @@ class VanillaStack(nn.Module):
     feed-forward on its real tokens only, attention within each sequence (causal in the decoder; cross-attention to
     the same sequence's source). That holds for a right-padded batch and for transformers' packed format
     (`DataCollatorWithFlattening`). The padded path stays for attention maps, the key/value cache (generation), 4-D
-    masks, left padding and tracing/export.
+    masks, left padding, tracing/export, and losses that read padding positions (`outputs_at_padding`).
     """
 
     def __init__(self, config, is_decoder: bool = False, cross_attention: bool = False):
@@ -378,11 +378,13 @@ class VanillaStack(nn.Module):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 encoder_hidden_states=None, encoder_attention_mask=None, encoder_position_ids=None,
-                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None, **kwargs):
+                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
+                outputs_at_padding=False, **kwargs):
         """Returns a `BaseModelOutputWithPastAndCrossAttentions` (generate needs a ModelOutput of the encoder);
         the public models honour `return_dict`. `kwargs` may hold transformers' packed-format keywords
         (`cu_seq_lens_q/k`, `max_length_q/k`, `seq_idx`: packing.sequence_ids); `encoder_position_ids` tell packed
-        source sequences apart for cross-attention."""
+        source sequences apart for cross-attention. `outputs_at_padding`: the caller reads the padding positions'
+        outputs, as the padded computation gives them (the padding-free path leaves them zero)."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -402,7 +404,8 @@ class VanillaStack(nn.Module):
             encoder_position_ids=encoder_position_ids, encoder_attention_mask=encoder_attention_mask)
         packed, source = self._packed_batches(
             shape=(B, T), attention_mask=attention_mask, sequences=sequences, cached=past_key_values is not None,
-            output_attentions=output_attentions, encoder_hidden_states=encoder_hidden_states,
+            output_attentions=output_attentions, outputs_at_padding=outputs_at_padding,
+            encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask, encoder_sequences=encoder_sequences)
         hidden_states, mask = self._embed(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -461,12 +464,12 @@ class VanillaStack(nn.Module):
                 )
         return sequences, encoder_sequences
 
-    def _packed_batches(self, *, shape, attention_mask, sequences, cached, output_attentions, encoder_hidden_states,
-                        encoder_attention_mask, encoder_sequences):
+    def _packed_batches(self, *, shape, attention_mask, sequences, cached, output_attentions, outputs_at_padding,
+                        encoder_hidden_states, encoder_attention_mask, encoder_sequences):
         """Where the tokens of each sequence sit, for the padding-free path: (target, source), or (None, None) where
         the padded path runs (packing.can_pack). Sequences of equal lengths become neighbours in both."""
         cross = encoder_hidden_states is not None
-        if not can_pack(attention_mask, sequences, output_attentions, cached) or (
+        if not can_pack(attention_mask, sequences, output_attentions, cached, outputs_at_padding) or (
                 cross and not can_pack_source(encoder_attention_mask)):
             return None, None
         packed = PackedBatch(shape, attention_mask if sequences is None else None, sequences)

@@ -8,7 +8,8 @@
    same check on the same weights: the check can fail.
 2. A padded batch trains padding-free in the decoder-only LM and the encoder-decoder too (causal within each target,
    cross-attention to its own source), with the padded computation's loss and gradients.
-3. transformers' own models on the same weights (BERT, BART) give the same answers: packed pairs with BART's
+3. transformers' own models on the same weights (BERT's heads, BART) give the same loss and gradients whatever the
+   labelling: a loss that reads padding positions (extractive QA, labels at padding), packed pairs with BART's
    position offset, position_ids that are positions and not boundaries, packed sequences longer together than the
    position table.
 All comparisons at the float32 rule of tests/numerics.py.
@@ -396,6 +397,86 @@ def assert_reference_gradients(ours, reference, renamed=None, skipped=()):
         assert_close(parameter.grad, reference_parameters[counterpart].grad, msg=f"gradient of {name} ({counterpart})")
         compared.add(counterpart)
     assert compared == {name for name, p in reference.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_question_answering_trains_on_bert_loss(attn, packed_batches):
+    """Extractive QA's loss is a softmax over every position, padding included, each scored from its own state (a
+    padding position attends to its row's real tokens): with positions to score, a right-padded batch runs padded,
+    to BertForQuestionAnswering's loss, logits at every position and gradients. Without them it runs padding-free."""
+    reference, ours = bert_pair("question-answering", transformers.BertForQuestionAnswering, attn)
+    input_ids, mask = padded(sequences(12), pad=0)
+    spans = dict(start_positions=torch.tensor([1, 0, 2, 5, 0, 3]), end_positions=torch.tensor([3, 8, 2, 8, 0, 5]))
+    expected = backward(reference, input_ids=input_ids, attention_mask=mask, **spans)
+    out = backward(ours, input_ids=input_ids, attention_mask=mask, **spans)
+    assert not packed_batches
+    assert_close(out.loss, expected.loss.detach(), msg="loss")
+    for name in ("start_logits", "end_logits"):  # padding included: the loss's softmax reads every position
+        assert_close(getattr(out, name), getattr(expected, name).detach(), msg=name)
+    assert_reference_gradients(ours, reference)
+    with torch.no_grad():
+        ours(input_ids=input_ids, attention_mask=mask)
+    assert packed_batches, "without positions to score, a padded batch runs padding-free"
+
+
+MLM_BIAS = {"lm_head.decoder.bias": "cls.predictions.bias"}  # the one tensor the conversion copies (untied)
+ENCODER_HEADS = {  # converter head -> (transformers class, its config fields, our copied tensors, more inputs)
+    "token-classification": ("BertForTokenClassification", {"num_labels": 5}, {}, {}),
+    "masked-lm": ("BertForMaskedLM", {}, MLM_BIAS, {}),
+    "causal-lm": ("BertLMHeadModel", {"is_decoder": True}, MLM_BIAS, {}),
+    "pretraining": ("BertForPreTraining", {}, MLM_BIAS, {"next_sentence_label": torch.tensor([0, 1, 1, 0, 1, 0])}),
+}
+
+
+@pytest.mark.parametrize("head", list(ENCODER_HEADS))
+def test_labelled_padding_is_scored_as_bert_scores_it(head, packed_batches):
+    """Labels at padding positions that are not -100 (labels=input_ids; a class at every position) are scored as
+    transformers scores them, from the states the padded computation gives padding positions: such a batch runs
+    padded. With -100 at padding it runs padding-free, to the same loss and gradients as transformers."""
+    class_name, fields, renamed, more = ENCODER_HEADS[head]
+    reference, ours = bert_pair(head, getattr(transformers, class_name), **fields)
+    input_ids, mask = padded(sequences(13), pad=0)
+    labels = input_ids
+    if head == "token-classification":
+        labels = torch.randint(0, fields["num_labels"], input_ids.shape, generator=torch.Generator().manual_seed(0))
+    for labels, packs in ((labels, False), (labels.masked_fill(mask == 0, -100), True)):
+        packed_batches.clear()
+        expected = backward(reference, input_ids=input_ids, attention_mask=mask, labels=labels, **more)
+        out = backward(ours, input_ids=input_ids, attention_mask=mask, labels=labels, **more)
+        assert bool(packed_batches) == packs
+        assert_close(out.loss, expected.loss.detach(), msg=f"loss ({'padding-free' if packs else 'padded'})")
+        assert_reference_gradients(ours, reference, renamed)
+
+
+def test_seq2seq_scores_labelled_padding_as_bart(packed_batches):
+    """Targets padded with the padding id (not -100) beside a decoder_attention_mask: BartForConditionalGeneration
+    scores the padding too, so the decoder runs padded (the encoder stays padding-free: the decoder reads its real
+    tokens alone). With -100 at padding the decoder runs padding-free too. Loss and gradients are BART's."""
+    reference, ours = bart_pair("BartForConditionalGeneration")
+    source, source_mask = padded(sequences(14), pad=1)
+    labels, target_mask = padded(sequences(15, (4, 2, 7, 7, 3, 1)), pad=1)
+    for labels, packed in ((labels, 1), (labels.masked_fill(target_mask == 0, -100), 3)):
+        packed_batches.clear()
+        inputs = dict(input_ids=source, attention_mask=source_mask, labels=labels, decoder_attention_mask=target_mask)
+        expected, out = backward(reference, **inputs), backward(ours, **inputs)
+        assert len(packed_batches) == packed
+        assert_close(out.loss, expected.loss.detach(), msg="loss")
+        # BART keeps its output bias as a buffer (final_logits_bias): it has no gradient to compare.
+        assert_reference_gradients(ours, reference, skipped={"lm_head.decoder.bias"})
+
+
+def test_decoder_only_scores_as_bart_for_causal_lm():
+    """BartForCausalLM scores logits[t] against labels[t] (its labels come shifted); ours shifts `labels` inside, as
+    GPT-2 and BertLMHeadModel do, and takes BART's labelling as `shift_labels`. Either way the loss and gradients are
+    BART's, the padding's next tokens included."""
+    reference, ours = bart_pair("BartForCausalLM", is_decoder=True, is_encoder_decoder=False)
+    input_ids, mask = padded(sequences(16), pad=1)
+    next_ids = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)  # BART's labels for the same targets
+    expected = backward(reference, input_ids=input_ids, attention_mask=mask, labels=next_ids)
+    for labels in (dict(labels=input_ids), dict(shift_labels=next_ids)):
+        out = backward(ours, input_ids=input_ids, attention_mask=mask, **labels)
+        assert_close(out.loss, expected.loss.detach(), msg=f"loss with {next(iter(labels))}")
+        assert_reference_gradients(ours, reference, skipped={"lm_head.decoder.bias"})
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
