@@ -1,4 +1,4 @@
-"""Every mask in one room: what a 1/0 `attention_mask` may be, and the additive masks attention adds to its scores.
+"""Every mask in one module: what a 1/0 `attention_mask` may be, and the additive masks attention adds to its scores.
 
 A padding mask travels from a head to attention in three steps, each a function here: its shape and values are
 checked with the other inputs before anything runs (`check_mask_shape`, `check_mask_values`, called by

@@ -1,4 +1,4 @@
-"""Input checking and numerical safety (issue 6).
+"""Input checking and numerical safety.
 
 Bad input must fail with a `ValueError` that names the limit and the offending value, before any kernel runs: an
 index kernel would turn it into an opaque error (on GPU, a device-side assert that poisons the process). Every
@@ -580,7 +580,7 @@ def test_multiple_choice_refuses_a_batch_without_choices_and_labels_past_the_las
 
 def test_multiple_choice_refuses_per_choice_inputs_of_another_shape():
     """A (choices, batch, T), (batch * choices, T) or (batch, T) mask or token-type tensor would be reshaped onto
-    the wrong rows without complaint (issue 29)."""
+    the wrong rows without complaint."""
     model, C = head(VanillaEncoderForMultipleChoice), 2
     choices = ids(batch=B * C).view(B, C, T)
     for name in ("attention_mask", "token_type_ids"):
@@ -593,7 +593,7 @@ def test_multiple_choice_refuses_per_choice_inputs_of_another_shape():
 
 
 def test_head_targets_of_the_wrong_kind_are_refused():
-    """Raw tracebacks where a one-line error belongs (issue 29): float QA positions, mis-shaped ELECTRA labels."""
+    """Raw tracebacks where a one-line error belongs: float QA positions, mis-shaped ELECTRA labels."""
     from hf_vanilla import VanillaEncoderForQuestionAnswering, VanillaEncoderForReplacedTokenDetection
 
     qa = head(VanillaEncoderForQuestionAnswering)
@@ -612,7 +612,7 @@ def test_head_targets_of_the_wrong_kind_are_refused():
 
 def test_inputs_of_the_wrong_kind_are_refused():
     """float64 embeddings for float32 weights, encoder outputs of another width, a mask with no values (meta), a
-    sequence classifier's decoder shorter than its source: one-line errors, before any kernel runs (issue 29)."""
+    sequence classifier's decoder shorter than its source: one-line errors, before any kernel runs."""
     from hf_vanilla import VanillaSeq2SeqForSequenceClassification
 
     model = encoder()
@@ -671,7 +671,7 @@ def test_a_legacy_tuple_cache_is_refused_naming_the_cache_that_takes_it():
 @pytest.mark.numerics
 def test_pooled_heads_read_a_left_padded_row_as_transformers_bert_does():
     """Position 0 of a left-padded row is padding. transformers' BERT pools what its layers computed there, and so
-    must every path of ours (issue 29): the padding-free path used to leave it at zero, giving every left-padded row
+    must every path of ours: the padding-free path used to leave it at zero, giving every left-padded row
     the classifier's bias alone, while the attention-map path gave BERT's logits."""
     from transformers import BertConfig, BertForSequenceClassification
 

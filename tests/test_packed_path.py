@@ -1,4 +1,4 @@
-"""The encoder's padding-free path equals its padded eager path (issue 7).
+"""The encoder's padding-free path equals its padded eager path.
 
 A padded batch without attention maps runs packed: the real tokens laid end to end, attention within each sequence
 (neighbours of equal length in one kernel call). Asking for attention maps (eager) runs the padded path, the one

@@ -1,4 +1,4 @@
-"""Padding-free for all three families (issue 47): transformers' packed format, and padded batches in training.
+"""Padding-free for all three families: transformers' packed format, and padded batches in training.
 
 1. transformers' padding-free format (`DataCollatorWithFlattening`: sequences end to end in one row, `position_ids`
    restarting, optionally `cu_seq_lens_q/k` + `max_length_q/k` or `seq_idx`) gives every sequence the answer it
