@@ -4,6 +4,8 @@ parallelism (DDP) or fully sharded data parallelism (FSDP2).
     python examples/train_accelerate.py --task classification --output runs/cls                  # one process
     torchrun --nproc_per_node 2 examples/train_accelerate.py --cpu --output runs/cls-ddp         # DDP over gloo
     torchrun --nproc_per_node 2 examples/train_accelerate.py --cpu --fsdp sharded --output runs/cls-fsdp
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node 2 --max-restarts 1 \
+        examples/train_accelerate.py --cpu --output runs/cls-ddp --checkpoint-every 20 --resume-from latest
     accelerate launch examples/train_accelerate.py --task seq2seq --fsdp sharded --output runs/s2s  # GPUs
 
 `--task classification` fine-tunes `VanillaEncoderForSequenceClassification` (from a converted checkpoint with
@@ -17,6 +19,17 @@ processes, averages gradients, runs mixed precision where the device has it, acc
 across processes, and saves/restores the whole training state (`save_state`/`load_state`: weights, optimizer,
 scheduler, sampler and every process's random generators), so that `--resume-from` continues bit for bit.
 
+Crashes: a checkpoint is written to `checkpoint-N.partial/` and renamed to `checkpoint-N/` once every process has
+written its part, and `losses.json` and `final/` are likewise renamed into place when complete, so a process killed
+at any moment leaves whole files or a `.partial` that nothing reads. `--resume-from latest` continues from the newest
+whole checkpoint in `--output` (or starts afresh where there is none), which is what a restarted launch needs: with
+`torchrun --max-restarts N` the whole group is restarted with the same command when one process dies, and the steps
+after the checkpoint are replayed exactly. Each attempt needs a store of its own (`restarts_would_hang` says why):
+`--rdzv-backend c10d` (`--standalone` on one machine) with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; the script refuses
+a restartable launch without. Testing hook: TRAIN_ACCELERATE_KILL_AT_STEP=N makes the last process SIGKILL itself
+at step N on a launch's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT unset or 0), as a crash would: after
+the step's update, or, where step N writes a checkpoint, halfway through writing it.
+
 The loss is the mean over every scored item (class label or target token) of the *global* micro-batch, whatever
 the number of processes: a run on N processes with `--batch-size B` follows the same loss curve as one process with
 `--batch-size N*B` (written to OUTPUT/losses.json).
@@ -26,6 +39,9 @@ import argparse
 import json
 import math
 import os
+import re
+import shutil
+import signal
 from collections import defaultdict
 from pathlib import Path
 
@@ -51,6 +67,8 @@ MODEL_CLASSES = {"classification": VanillaEncoderForSequenceClassification,
 # FSDP shard units. Not `_no_split_modules` (Accelerate's default): that list also names VanillaEmbeddings, whose
 # word matrix the encoder-decoder ties to its output projection, and the decoder layer, absent from an encoder.
 SHARD_UNITS = {"classification": ["VanillaEncoderLayer"], "seq2seq": ["VanillaEncoderLayer", "VanillaDecoderLayer"]}
+KILL_AT_STEP = "TRAIN_ACCELERATE_KILL_AT_STEP"  # testing hook: see the module docstring
+PARTIAL = ".partial"  # suffix of a folder still being written
 
 
 class Synthetic(Dataset):
@@ -207,6 +225,65 @@ def full_weights(model):
             for k, v in model.state_dict().items()}
 
 
+def restarts_would_hang() -> bool:
+    """Whether this is a multi-process torchrun launch allowed restarts (`--max-restarts`) whose processes share the
+    launcher's store. That store outlives a failed attempt (torchrun's default static rendezvous keeps it, and
+    `--rdzv-backend c10d` shares its own unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and a restarted group reads
+    the dead attempt's connection addresses from it: with torch 2.15 and gloo, the restart's process group failed
+    ("Gloo connectFullMesh failed ... Connection refused") or hung at its first connect. Refused before anything
+    is trained."""
+    return (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+
+def kill_if_asked(accelerator, step):
+    """The testing hook TRAIN_ACCELERATE_KILL_AT_STEP: the last process dies at `step`, on the first attempt only, so
+    that the restarted group runs on."""
+    if (os.environ.get(KILL_AT_STEP) == str(step) and accelerator.process_index == accelerator.num_processes - 1
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_atomically(path: Path, text: str):
+    """`text` into `path` whole or not at all: written beside it, then renamed over it."""
+    partial = path.with_name(path.name + PARTIAL)
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def move_into_place(partial: Path, final: Path):
+    """Rename a finished `.partial` folder to its name. A folder already there is the same step written by an
+    earlier attempt (a run replays steps only after a crash): the new one replaces it."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+
+
+def save_checkpoint(accelerator, model, output: Path, step: int, progress: dict):
+    """`save_state` (every process writes its part: the main one the weights, optimizer, scheduler and sampler, each
+    one its random generators) into checkpoint-STEP.partial, then progress.json, then the rename: a process killed
+    at any point leaves no folder that looks whole. A `.partial` left by a killed attempt is removed first."""
+    partial = output / f"checkpoint-{step}{PARTIAL}"
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(partial)
+    kill_if_asked(accelerator, step)  # halfway: this process's part is written, the other's may not be
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:  # the config makes a merged FSDP checkpoint loadable on its own
+        accelerator.unwrap_model(model).config.save_pretrained(partial)
+        (partial / "progress.json").write_text(json.dumps(progress))
+        move_into_place(partial, output / f"checkpoint-{step}")
+    accelerator.wait_for_everyone()
+
+
+def latest_checkpoint(output: Path):
+    """The whole checkpoint of the highest step in `output` (`.partial` folders are not whole), or None."""
+    steps = [int(match[1]) for path in output.glob("checkpoint-*")
+             if (match := re.fullmatch(r"checkpoint-(\d+)", path.name)) and (path / "progress.json").is_file()]
+    return output / f"checkpoint-{max(steps)}" if steps else None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["classification", "seq2seq"], default="classification")
@@ -226,7 +303,10 @@ def main(argv=None):
                         help="shard the model with FSDP2 (needs a multi-process launch); checkpoints are written "
                              "as one full state dict or as one shard per process")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save_state every N steps (0: never)")
-    parser.add_argument("--resume-from", help="a checkpoint directory written by --checkpoint-every")
+    parser.add_argument("--resume-from",
+                        help="a checkpoint directory written by --checkpoint-every, or `latest`: the newest whole "
+                             "checkpoint in --output, or a fresh start where there is none (for torchrun "
+                             "--max-restarts: the restarted processes run the same command)")
     parser.add_argument("--save-rank-weights", action="store_true",
                         help="also write each process's final weights (rank{N}.safetensors), to check they agree")
     parser.add_argument("--threads", type=int, default=0,
@@ -236,9 +316,20 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    if restarts_would_hang():
+        parser.error("torchrun --max-restarts needs a store per attempt, or a restarted group hangs at its first "
+                     "connect: launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d "
+                     "--rdzv-endpoint HOST:PORT (one machine: --standalone)")
     output = Path(args.output)
+    if args.resume_from == "latest" and (output / "final").exists():
+        print(f"{output} holds a finished run ({output / 'final'}); nothing to resume")
+        return json.loads((output / "losses.json").read_text())[-1]
     if (output / "final").exists():
         parser.error(f"{output / 'final'} already exists; choose another --output (nothing was overwritten)")
+    if args.resume_from == "latest":
+        # Read before the process group forms, so no process of this launch has written anything yet.
+        latest = latest_checkpoint(output) if output.is_dir() else None
+        args.resume_from = str(latest) if latest else None
     if args.resume_from and not Path(args.resume_from).is_dir():
         parser.error(f"--resume-from {args.resume_from}: no such checkpoint directory")
 
@@ -309,12 +400,9 @@ def main(argv=None):
         progress.set_postfix(loss=f"{step_loss:.4f}")
         step_loss = 0.0
         if args.checkpoint_every and step % args.checkpoint_every == 0:
-            checkpoint = output / f"checkpoint-{step}"
-            accelerator.save_state(checkpoint)
-            if accelerator.is_main_process:  # the config makes a merged FSDP checkpoint loadable on its own
-                accelerator.unwrap_model(model).config.save_pretrained(checkpoint)
-                progress_so_far = {"step": step, "losses": losses, "untrained": untrained}
-                (checkpoint / "progress.json").write_text(json.dumps(progress_so_far))
+            save_checkpoint(accelerator, model, output, step, {"step": step, "losses": losses, "untrained": untrained})
+        else:
+            kill_if_asked(accelerator, step)
         if step >= args.steps:
             break
     progress.close()
@@ -323,7 +411,9 @@ def main(argv=None):
     if args.save_rank_weights:
         from safetensors.torch import save_file
 
-        save_file(full_weights(accelerator.unwrap_model(model)), output / f"rank{accelerator.process_index}.safetensors")
+        weights = output / f"rank{accelerator.process_index}.safetensors"
+        save_file(full_weights(accelerator.unwrap_model(model)), weights.with_name(weights.name + PARTIAL))
+        os.replace(weights.with_name(weights.name + PARTIAL), weights)
     state_dict = accelerator.get_state_dict(model)  # FSDP: gathered in full on the main process only
     trained = evaluate(model, args.task, held_out, accelerator.device)
     if accelerator.is_main_process:
@@ -333,8 +423,10 @@ def main(argv=None):
         config = accelerator.unwrap_model(model).config
         state_dict = {k: v.cpu() for k, v in state_dict.items()}
         final = MODEL_CLASSES[args.task].from_pretrained(None, config=config, state_dict=state_dict)
-        final.save_pretrained(output / "final")
-        (output / "losses.json").write_text(json.dumps(losses))
+        shutil.rmtree(output / f"final{PARTIAL}", ignore_errors=True)  # left by a killed attempt
+        final.save_pretrained(output / f"final{PARTIAL}")
+        write_atomically(output / "losses.json", json.dumps(losses))
+        move_into_place(output / f"final{PARTIAL}", output / "final")  # last: final/ marks a finished run
         accelerator.print(f"final training loss {losses[-1]:.4f} after {step} steps; model saved to {output / 'final'}")
         accelerator.print(f"held-out ({len(held_out)} examples): {describe(trained, untrained, args.task)}")
     # Every process waits for the main one's saving, then all take the process group down together. Without it the

@@ -1,10 +1,12 @@
 """Accelerate: big-model placement with CPU + disk offload, layer-boundary device maps, and real two-process
-(gloo) data-parallel training with save/resume. All on CPU; the GPU checks live in test_gpu.py."""
+(gloo) data-parallel training with save/resume, and a run whose process is SIGKILLed resuming where it stopped.
+All on CPU; the GPU checks live in test_gpu.py."""
 
 import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import infer_auto_device_map, init_empty_weights, load_checkpoint_and_dispatch
+from accelerate.state import AcceleratorState
 from numerics import assert_close
 from safetensors.torch import load_file
 from test_examples import load_example
@@ -140,18 +143,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(script, *args, processes=1, env=None):
-    """examples/`script` in `processes` processes of one thread each (torchrun: real MULTI_CPU over gloo)."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                "--master_port", str(free_port())] if processes > 1 else [sys.executable]
+def launch(script, *args, processes=1, restarts=0, env=None):
+    """examples/`script` in `processes` processes of one thread each (torchrun: real MULTI_CPU over gloo); with
+    `restarts`, torchrun restarts the whole group that many times when a process dies, each attempt on a store of
+    its own (the launch train_accelerate.py asks for)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+    if restarts:
+        launcher += ["--standalone", "--max-restarts", str(restarts)]
+        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
+    elif processes > 1:
+        launcher += ["--master_port", str(free_port())]
+    else:
+        launcher = [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([*launcher, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
                           env=env, timeout=600)
 
 
-def run_training(*args, processes=1):
+def run_training(*args, processes=1, restarts=0, env=None):
     """examples/train_accelerate.py on CPU; fails the test unless it succeeds."""
-    result = launch("train_accelerate.py", "--cpu", *args, processes=processes)
+    result = launch("train_accelerate.py", "--cpu", *args, processes=processes, restarts=restarts, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -187,6 +198,111 @@ def test_resume_from_saved_state_is_exact_with_dropout_on(task, tmp_path):
         assert torch.equal(resumed[key], straight[key]), key  # bit for bit: the same ops on the same inputs
     losses = [json.loads((tmp_path / run / "losses.json").read_text()) for run in ("straight", "resumed")]
     assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
+KILL_AT_STEP = "TRAIN_ACCELERATE_KILL_AT_STEP"  # the example's testing hook: its last process SIGKILLs itself
+
+
+def assert_same_run(actual, expected, processes):
+    """Two runs' final weights on every process and per-step losses, bit for bit (the same ops on the same inputs,
+    data order and dropout masks)."""
+    for rank in range(processes):
+        expected_weights = load_file(expected / f"rank{rank}.safetensors")
+        actual_weights = load_file(actual / f"rank{rank}.safetensors")
+        assert actual_weights.keys() == expected_weights.keys()
+        for key in expected_weights:
+            assert torch.equal(actual_weights[key], expected_weights[key]), (rank, key)
+    losses = [json.loads((run / "losses.json").read_text()) for run in (actual, expected)]
+    assert losses[0] == losses[1], losses
+
+
+class Killed(BaseException):
+    """What SIGKILL does to the process, for a run inside the test's process: it stops where it is (BaseException:
+    no `except Exception` on the way catches it)."""
+
+
+def train_in_process(monkeypatch, *args, kill_at_step=None):
+    """examples/train_accelerate.py's main() in this process, on one thread (as its own process would be), with
+    Accelerate's process-wide state reset after it whatever the outcome; `os.kill(own pid, SIGKILL)` raises Killed,
+    and `kill_at_step` sets the example's hook for this run."""
+    example = load_example("train_accelerate.py")
+
+    def kill(pid, sig):
+        assert (pid, sig) == (os.getpid(), signal.SIGKILL)
+        raise Killed
+
+    threads = torch.get_num_threads()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "kill", kill)
+        patch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+        if kill_at_step is not None:
+            patch.setenv(KILL_AT_STEP, str(kill_at_step))
+        try:
+            return example.main(["--cpu", *args])
+        finally:
+            torch.set_num_threads(threads)
+            AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_killed_run_resumes_from_its_last_whole_checkpoint(tmp_path, monkeypatch, capsys):
+    """Killed halfway through writing checkpoint-4 (its testing hook, TRAIN_ACCELERATE_KILL_AT_STEP), a run leaves
+    checkpoint-4.partial, never a checkpoint-4 that looks whole; the same command again (`--resume-from latest`)
+    resumes from checkpoint-2, replays steps 3-6, writes checkpoint-4 in place of the .partial, and ends with the
+    weights and per-step losses of an uninterrupted run, bit for bit. In this process, so that it takes seconds: the
+    real SIGKILL of a process under torchrun's restart is the slow test below."""
+    common = ["--task", "classification", "--steps", "6", "--batch-size", "4", "--dropout", "0.1",
+              "--checkpoint-every", "2", "--save-rank-weights"]
+    train_in_process(monkeypatch, *common, "--output", str(tmp_path / "straight"))
+    killed = tmp_path / "killed"
+    command = [*common, "--output", str(killed), "--resume-from", "latest"]
+    with pytest.raises(Killed):
+        train_in_process(monkeypatch, *command, kill_at_step=4)
+    assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-2", "checkpoint-4.partial"]
+    assert not (killed / "checkpoint-4.partial" / "progress.json").exists()
+    capsys.readouterr()
+    train_in_process(monkeypatch, *command)
+    assert f"resumed from {killed / 'checkpoint-2'} at step 2" in capsys.readouterr().out
+    assert sorted(p.name for p in killed.iterdir()) == [
+        "checkpoint-2", "checkpoint-4", "checkpoint-6", "final", "losses.json", "rank0.safetensors"]
+    assert_same_run(killed, tmp_path / "straight", processes=1)
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_group_whose_process_was_killed(tmp_path):
+    """Two processes under `torchrun --max-restarts 1`; rank 1 SIGKILLs itself after step 5 on the first attempt,
+    torchrun ends rank 0 and starts both again with the same command, which resume from checkpoint-4 and replay
+    steps 5-6: every rank's weights and the losses equal an uninterrupted two-process run's, bit for bit. A rerun
+    of the finished run changes nothing."""
+    common = ["--task", "classification", "--steps", "6", "--batch-size", "4", "--dropout", "0.1",
+              "--checkpoint-every", "2", "--save-rank-weights", "--resume-from", "latest"]
+    run_training(*common, "--output", str(tmp_path / "straight"), processes=2)
+    killed = tmp_path / "killed"
+    result = run_training(*common, "--output", str(killed), processes=2, restarts=1, env={KILL_AT_STEP: "5"})
+    assert "exitcode: -9" in result.stderr  # the kill was real, and torchrun saw it
+    assert f"resumed from {killed / 'checkpoint-4'} at step 4" in result.stdout
+    assert sorted(p.name for p in killed.iterdir()) == [
+        "checkpoint-2", "checkpoint-4", "checkpoint-6", "final", "losses.json", "rank0.safetensors",
+        "rank1.safetensors"]
+    assert_same_run(killed, tmp_path / "straight", processes=2)
+    written = {p: p.stat().st_mtime_ns for p in killed.rglob("*")}
+    rerun = run_training(*common, "--output", str(killed), processes=2, restarts=1)
+    assert "holds a finished run" in rerun.stdout
+    assert {p: p.stat().st_mtime_ns for p in killed.rglob("*")} == written
+
+
+def test_a_restartable_launch_on_a_shared_store_is_refused(monkeypatch):
+    """torchrun --max-restarts on a store kept across attempts: a restarted group would read the dead attempt's
+    addresses and hang, so the example refuses it before training."""
+    restarts_would_hang = load_example("train_accelerate.py").restarts_would_hang
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # torchrun's default, static rendezvous
+    assert restarts_would_hang()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # c10d with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    assert not restarts_would_hang()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # nothing restarts
+    assert not restarts_would_hang()
 
 
 def test_every_dropout_follows_the_flag():
