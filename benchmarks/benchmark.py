@@ -349,7 +349,7 @@ CONVERT_IN_PROCESS = (
     "t = time.perf_counter(); flow.convert(bert.FORMAT, sys.argv[1], sys.argv[2], verify=sys.argv[3] == 'verify'); "
     "print(time.perf_counter() - t)"
 )
-CONVERSION_TARGET = (3.0, 1.5)  # issue 7: under 3 s for bert-base, peak memory under 1.5x the checkpoint
+CONVERSION_TARGET = (3.0, 1.5)  # under 3 s for bert-base, peak memory under 1.5x the checkpoint
 
 
 def run_conversion_case(repeats: int = 5):
@@ -384,7 +384,7 @@ def run_conversion_case(repeats: int = 5):
     print(f"\nConversion of a bert-base checkpoint ({size:.0f} MiB of safetensors), `python -m conversion bert`, "
           f"fastest of {repeats} fresh processes. Imports: torch + transformers' PreTrainedModel {floor_s:.1f} s (the "
           f"floor of any tool built on transformers); with hf_vanilla and conversion {imports_s:.1f} s, "
-          f"{idle_mib:.0f} MiB peak RSS. Target (issue 7): under {target_s:g} s, (peak - imports) under "
+          f"{idle_mib:.0f} MiB peak RSS. Target: under {target_s:g} s, (peak - imports) under "
           f"{target_ratio:g}x the checkpoint.\n")
     print("| command | wall time | imports | conversion (in process) | peak RSS | peak RSS - imports | "
           "(peak - imports) / checkpoint | output |")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Where one short request's time goes: ours (`runtime="openvino"`) against the engine it trails there, ONNX Runtime,
-on the real MiniLM-L6 at 1x16 tokens in float32, the case issue 34 leaves open (docs/performance.md).
+on the real MiniLM-L6 at 1x16 tokens in float32, the case where ours trails the fastest other engine most (docs/performance.md).
 
     taskset -c 0,1 python benchmarks/short_request_costs.py      # about 2 minutes
 

@@ -6,7 +6,7 @@
 
 - **fed**: the graph holds no weight; each call feeds the model's own tensor memory as graph inputs
   (`export_encoder_reading_weights`). This is what the runtime does, so that it computes with whatever the model
-  holds at that moment (issue 29: `p.data.mul_()`, a numpy view, `load_state_dict` all reach the next call), and
+  holds at that moment (`p.data.mul_()`, a numpy view, `load_state_dict` all reach the next call), and
   the engine cannot prepack the weights into its kernels' layout: it packs them on every call.
 - **prepacked**: the weights inside the graph (`export_encoder`), packed once when the session is built: the bare
   engines of `benchmarks/engines.py`, which hold their own copy of the weights.

@@ -1,4 +1,4 @@
-"""The house's rules, read from the source (shared/STYLE.md's layout; issue 27): the package's import graph has no
+"""The package's layout rules, read from the source (shared/STYLE.md's layout): the package's import graph has no
 circle and points downwards only, string imports counted; the model finds its engines through the registry and
 never imports one; the engines and the exporter never import the model's code or the converters."""
 

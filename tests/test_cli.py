@@ -1,4 +1,4 @@
-"""The command line: `hf-vanilla` once installed, `python -m conversion` in the repository (issue 20).
+"""The command line: `hf-vanilla` once installed, `python -m conversion` in the repository.
 
 The installed wheel has one top-level package, `hf_vanilla`, with the converters inside it (`hf_vanilla.conversion`)
 and the `hf-vanilla` console command; `--help` answers without importing torch or transformers.

@@ -1,4 +1,4 @@
-"""Bad configs and bad checkpoints fail clearly (issue 2).
+"""Bad configs and bad checkpoints fail clearly.
 
 Every conversion error is a message on stderr and exit status 2 from the command line, and leaves no output
 behind: no output directory, no `.OUT.partial-*` staging directory, and an existing output untouched.
@@ -36,7 +36,7 @@ from hf_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from test_convert_bart import tiny_bart
 from test_convert_marian import make_marian
 
-# ---- config validation ------------------------------------------------------------------------------------------
+# ---- config validation -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_valid_config_suggests_head_counts():
         VanillaEncoderConfig(hidden_size=30, num_attention_heads=4).check_architecture()
 
 
-# ---- conversion errors ------------------------------------------------------------------------------------------
+# ---- conversion errors -----------------------------------------------------------------------------------------------
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
@@ -324,7 +324,7 @@ def test_mismapped_key_fails_verification(tmp_path, source, capsys, monkeypatch)
     assert re.search(r"layer 1: max \|diff\| = \S+  > tolerance", printed.out)
 
 
-# ---- the tokenizer against the embeddings (issue 6) --------------------------------------------------------------
+# ---- the tokenizer against the embeddings ----------------------------------------------------------------------------
 
 
 def save_tokenizer(directory, size: int, added: int = 0) -> None:
@@ -369,7 +369,7 @@ def test_real_tokenizer_matching_its_embeddings_converts_silently(tmp_path, mini
     assert "Note" not in capsys.readouterr().out  # all-MiniLM-L6-v2: 30522 tokens for 30522 rows
 
 
-# ---- the output directory ---------------------------------------------------------------------------------------
+# ---- the output directory --------------------------------------------------------------------------------------------
 # (what --force may replace, concurrent conversions and signals: tests/test_conversion_safety.py)
 
 
@@ -420,7 +420,7 @@ def test_force_replaces_after_success(source, existing_output, capsys):
     assert leftovers(existing_output) == []  # no staging and no retired copy left behind
 
 
-# ---- the real command line --------------------------------------------------------------------------------------
+# ---- the real command line -------------------------------------------------------------------------------------------
 
 
 def test_cli_exit_status_and_stderr(tmp_path, source):
@@ -444,7 +444,7 @@ def test_a_head_the_source_never_trained_names_the_way_out(source, tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
-# ---- the saved dtype (issue 29) ---------------------------------------------------------------------------------
+# ---- the saved dtype -------------------------------------------------------------------------------------------------
 # Parity was checked in float32, before the weights were cast to --dtype: a float16 output holding Inf, or computing
 # Inf, was written with a model card claiming a float32 difference. Now what is saved is checked: its weights
 # finite, and its outputs, run in its dtype, within that dtype's rule of transformers' float32 outputs.
@@ -549,7 +549,7 @@ def test_bfloat16_is_verified_as_saved(tiny_bert_dir, tmp_path, capsys):
     assert re.search(r"As saved \(bfloat16\): .*\(bf16, .*tolerance 0\.05 x max\(1, \|output\|\)", card), card
 
 
-# ---- a config.json whose layer count is not the weights' (issue 33) --------------------------------------------------
+# ---- a config.json whose layer count is not the weights' -------------------------------------------------------------
 # A 2-layer BERT whose config.json said 10**6 layers ran for minutes (10**4: 37 s) and then listed every missing
 # tensor: the key table and the model were built for the declared count before anything was compared. The count is
 # now checked against the layers the weights hold first. (Marian's decoder has 3 layers.)
@@ -646,7 +646,7 @@ def test_a_vanilla_checkpoint_whose_layer_count_is_not_its_weights_is_refused(tm
                    converter, "--source", source, "--output", output)
 
 
-# ---- generation settings generate() would fail on or misread (issue 33) ---------------------------------------------
+# ---- generation settings generate() would fail on or misread ---------------------------------------------------------
 # The encoder-decoder converters copy the source's generation_config.json whole. A token id outside the vocabulary
 # ended in an IndexError reported as "a bug in the converter" (or, for pad and bos ids, was copied into the output);
 # num_beams "four" or 0 was copied as it was.

@@ -1,4 +1,4 @@
-"""The converter never destroys what it did not write, and every failure is a clear error (issue 18).
+"""The converter never destroys what it did not write, and every failure is a clear error.
 
 A hostile or careless user's findings, one test each: what `--force` may replace, an output that appears during a
 run (two real conversion processes to one output), SIGTERM/SIGHUP/SIGKILL during writing (real subprocesses,
@@ -32,7 +32,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def workspace(tiny_bert_dir, tmp_path, monkeypatch):
-    """What the user in issue 18 had: models/bert (the source), a sibling model, and a thesis, with the current
+    """What a user who reported losing files had: models/bert (the source), a sibling model, and a thesis, with the current
     directory inside the workspace."""
     models = tmp_path / "models"
     shutil.copytree(tiny_bert_dir, models / "bert")

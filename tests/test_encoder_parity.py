@@ -1,4 +1,4 @@
-"""The encoder equals transformers' BERT (issue 2): every layer, every head, eager and sdpa, random and real weights.
+"""The encoder equals transformers' BERT: every layer, every head, eager and sdpa, random and real weights.
 
 Checkpoints are converted with the command line (`python -m conversion bert`, called in-process through
 `conversion.__main__.main`), then loaded back with `AutoModel*.from_pretrained`, as a user would.

@@ -171,7 +171,7 @@ def test_inputs_embeds_generate_what_their_input_ids_generate(family):
 
 @pytest.mark.parametrize("name", CAUSAL)
 def test_inputs_embeds_score_what_their_input_ids_score_where_the_prompt_ends_in_padding(name):
-    """Regression (issue 33): a causal LM cleared its padding positions' states when given `inputs_embeds` and not
+    """Regression: a causal LM cleared its padding positions' states when given `inputs_embeds` and not
     when given `input_ids`, so a prompt whose mask ends in padding (transformers' `random_attention_mask` draws such
     masks) scored its next token from its embeddings 0.1 away from its ids, and generated another token (transformers'
     `test_generate_from_inputs_embeds` failed). `generate` reads the last position, padding or not."""
@@ -193,7 +193,7 @@ def test_inputs_embeds_score_what_their_input_ids_score_where_the_prompt_ends_in
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_sequences_packed_in_one_row_score_as_they_do_alone(name, attn, use_cache):
-    """Regression (issue 33): transformers' padding-free format (`DataCollatorWithFlattening`) lays sequences end to
+    """Regression: transformers' padding-free format (`DataCollatorWithFlattening`) lays sequences end to
     end in one row, without an attention_mask, their position ids restarting at each sequence; a causal LM let each
     sequence attend to the ones before it (transformers' `test_eager_padding_matches_padding_free_with_position_ids`
     failed in 2 of 20 runs in bfloat16). Each sequence now sees only itself, whether or not a cache is kept."""

@@ -1,4 +1,4 @@
-"""vanilla -> BERT (issue 3): `python -m conversion to-bert` reads the forward key table right to left.
+"""vanilla -> BERT: `python -m conversion to-bert` reads the forward key table right to left.
 
 BERT -> vanilla -> BERT returns every tensor bit for bit, the config and the tokenizer, and transformers loads the
 result with its own classes and gives identical outputs. A model built or fine-tuned with hf_vanilla converts too;
