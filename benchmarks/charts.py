@@ -5,8 +5,10 @@
 
 A run's file (benchmarks/results/<cpu>-<date>.json) holds what engines.py printed for it: the CPU, date, commit
 and command; `float32`, case -> engine -> [speed-up over transformers fp32 with 50 ms idle before each call, back
-to back]; `ours`, which of those engines are hf_vanilla's; and `precision.points`, each a reduced precision's
-speed-up and its lowest per-token cosine against float32. Two charts per run:
+to back], on steady calls; `ours`, which of those engines are hf_vanilla's; `precision.points`, each a reduced
+precision's speed-up and its lowest per-token cosine against float32; and, in runs that timed them,
+`first_requests` (a case's first calls after two: their speed-up and their cost over steady calls, per engine),
+which the charts do not draw. Two charts per run:
 
     <stem>-speedup.png     float32 speed-up over transformers per case and engine (idle gap; ours in colour)
     <stem>-precision.png   speed-up against accuracy (1 - lowest cosine, log scale) of the reduced precisions

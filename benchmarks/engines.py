@@ -5,6 +5,7 @@
     taskset -c 0,1 python benchmarks/engines.py --quick    # fewer rounds, smaller generation: a smoke run
     python benchmarks/engines.py --cases short,minilm      # a selection; --list names them
     python benchmarks/engines.py --settle 0.05             # one timing method only (the idle gap)
+    python benchmarks/engines.py --first 0                 # steady calls only, no first requests
     python benchmarks/engines.py --json benchmarks/results/amd-zen4-2026-11-27.json   # the run kept for charts.py
 
 The engines other than transformers and ours come from the bench extra (`pip install -e ".[bench]"`: onnx,
@@ -60,7 +61,15 @@ spinning threads (see `time_rounds`); the same case is then timed again in round
 back (`--settle` 0), and each method has its table. The speed-up of an engine is the median over rounds of
 t_transformers_fp32 / t_engine (paired ratios); A/A is the same statistic for transformers against its own next
 call. Cold-start costs (ONNX export, graph optimisation, CTranslate2 conversion, each engine's first
-call) are paid before the rounds and reported separately. Inputs are prepared once in each engine's own form
+call) are paid before the rounds and reported separately.
+
+Each case is timed twice over. First requests, as a user's first requests of a size come: after each engine's
+first two calls, `--first` rounds (10), the first timing method's idle gap before each call; the speed-up is
+transformers' total time over the engine's, so that whatever an engine pays on its first calls of a size (ours
+choose between the engine and PyTorch there, hf_vanilla/runtimes/choice.py) counts as often as it comes. Then steady
+calls: engines that settle over their first calls (that choice) are called until they have, and the rounds above
+time them; the first-requests table also gives each engine's first requests over its steady calls (mean over
+median, same idle gap). Inputs are prepared once in each engine's own form
 (tensors, numpy arrays, lists of ids); converting the output back is timed.
 
 Checks. Every float32 output is compared with transformers' at real tokens with the rule of tests/numerics.py,
@@ -106,6 +115,9 @@ def build_parser():
                         help="seconds idle before each timed call, comma-separated for several timing methods, each "
                              "in its own rounds and table (default 0.05,0: an idle gap, so that no engine runs beside "
                              "the previous one's spinning threads, then calls back to back; see time_rounds)")
+    parser.add_argument("--first", type=int, default=10,
+                        help="rounds timed as first requests, after each engine's first two calls of the case's "
+                             "size (default 10; 0 leaves them out): see the method")
     parser.add_argument("--busy", action="store_true",
                         help="spend --settle spinning instead of sleeping: the CPU stays awake, as on a busy server")
     parser.add_argument("--no-compile", action="store_true",
@@ -183,7 +195,7 @@ class Engine:
     name: str
     precision: str  # "fp32", "bf16" or "int8"
     run: callable
-    times: dict = field(default_factory=dict)
+    times: dict = field(default_factory=dict)  # settle -> seconds per call; FIRST: the first requests' (settle[0])
     output: object = None
     first_call_s: float = 0.0
     warming: callable = None  # after the first call, more calls while this says the engine is still settling
@@ -626,15 +638,30 @@ def generate_engine(name, model, input_ids, attention_mask, new_tokens, compiled
 # ---- timing and checks ---------------------------------------------------------------------------------------------
 
 
-def warm_up(engines):
-    """Each engine's first call, reported as cold start (graph compilation, caches, thread pools), then, for an engine
-    that settles over its first calls (`warming`: the ONNX Runtime runtime's choice), calls until it has settled
-    (at most 100), then two more: a short dense shape OpenVINO runs gets a compilation of its own at its second
-    call there (runtime='openvino', `static_shapes`), which is start-up, not a request's time."""
+FIRST = "first requests"  # the key of `Engine.times` for the first requests (see the module docstring)
+
+
+def first_requests(engines, rounds, settle_s, busy=False):
+    """Each engine's first call (cold start: graph compilation, caches, thread pools, reported apart) and a second
+    one, untimed, then `rounds` rounds of every engine once, in balanced orders, `settle_s` idle before each call,
+    their seconds in `engine.times[FIRST]`: a user's first requests of the case's size, which an engine that settles
+    over its first calls (`warming`: ours choose between the engine and PyTorch per size) pays here as there."""
     for engine in engines:
         start = time.perf_counter()
         engine.output = engine.run()
         engine.first_call_s = time.perf_counter() - start
+    for engine in engines:
+        engine.run()
+    if rounds:
+        time_rounds(engines, rounds, 0.0, settle_s, busy, max_rounds=rounds, key=FIRST)
+
+
+def warm_up(engines):
+    """For an engine that settles over its first calls (`warming`: its choice between the engine and PyTorch per
+    request size), calls until it has settled (at most 100), then two more: a short dense shape OpenVINO runs gets a
+    compilation of its own at its second call there (runtime='openvino', `static_shapes`), which is start-up, not a
+    request's time. After `first_requests`, which made each engine's first calls."""
+    for engine in engines:
         for _ in range(100 if engine.warming is not None else 0):
             if not engine.warming():
                 break
@@ -643,9 +670,9 @@ def warm_up(engines):
             engine.run()
 
 
-def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=200):
+def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=200, key=None):
     """Rounds of every engine once, in the orders of `balanced_orders`, until `min_rounds` are done and `budget_s` is
-    spent; the seconds of each call go to `engine.times[settle_s]`.
+    spent (at most `max_rounds`); the seconds of each call go to `engine.times[settle_s]` (or `[key]`).
 
     What ran just before decides much of a short call's time: back to back, bert-base 1x16 float32 on OpenVINO took
     12 ms after another OpenVINO call, 15.5 after transformers and 20.5 after ONNX Runtime, whichever OpenVINO path
@@ -664,8 +691,9 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
     `busy`: spend the gap spinning in this thread instead of sleeping. An idle CPU wakes slowly (on the VM measured,
     the first call after 50 ms of sleep ran a tiny nn.Linear in 0.25 ms instead of 0.007 ms), which a busy server
     never pays; spinning keeps the core awake while the other pools' threads still stop."""
+    key = settle_s if key is None else key
     for engine in engines:
-        engine.times[settle_s] = []
+        engine.times[key] = []
     start, orders = time.perf_counter(), balanced_orders(len(engines))
     for i in range(max_rounds):
         spent = time.perf_counter() - start
@@ -684,12 +712,26 @@ def time_rounds(engines, min_rounds, budget_s, settle_s, busy=False, max_rounds=
                 time.sleep(settle_s)
             t0 = time.perf_counter()
             engine.output = engine.run()
-            engine.times[settle_s].append(time.perf_counter() - t0)
+            engine.times[key].append(time.perf_counter() - t0)
 
 
 def ratio_text(reference, engine, settle):
     low, mid, high = quartiles([r / t for r, t in zip(reference.times[settle], engine.times[settle])])
     return mid, f"{mid:.2f} [{low:.2f}-{high:.2f}]"
+
+
+def first_ratio(reference, engine):
+    """The first requests' speed-up: transformers' total time over the engine's (None where not timed)."""
+    if not engine.times.get(FIRST):
+        return None
+    return sum(reference.times[FIRST]) / sum(engine.times[FIRST])
+
+
+def first_over_steady(engine, settle):
+    """How much an engine's first requests cost over its steady calls: their mean over the steady median."""
+    if not engine.times.get(FIRST) or not engine.times.get(settle):
+        return None
+    return statistics.fmean(engine.times[FIRST]) / statistics.median(engine.times[settle])
 
 
 def aa_text(reference, settle):
@@ -862,6 +904,23 @@ def print_tables(results, settles):
                   f"| {mids[best_ours] / mids[best_other]:.2f} | {described[matched]} "
                   f"| {mids[matched] / mids[best_other]:.2f} | {auto} |")
 
+    timed = [r for r in results if len(r) == 3 and r[2].times.get(FIRST)]
+    if timed:
+        first = len(timed[0][2].times[FIRST])
+        print(f"\nFirst requests of each case's size: calls 3 to {2 + first} of each engine (after its first two), "
+              f"one a round in balanced orders, {settle_text(settles[0])}. Speed-up over transformers fp32 (its total "
+              f"time over the engine's) beside the steady one (the first table's), and the engine's first requests "
+              f"over its steady calls (mean over median; ours pay their choice of engine or PyTorch per size "
+              f"there).\n")
+        print("| case | engine | first requests | steady | first / steady |")
+        print("|---|---|---:|---:|---:|")
+        for case, engines, reference in timed:
+            for engine in engines:
+                if engine is not reference:
+                    print(f"| {case.description} | {engine.name} | {first_ratio(reference, engine):.2f} | "
+                          f"{ratio_text(reference, engine, settles[0])[0]:.2f} | "
+                          f"{first_over_steady(engine, settles[0]):.2f} |")
+
     print("\nMilliseconds per call (median over rounds, one figure per timing method) and each engine's first call "
           "(warm-up):\n")
     print("| case | engine: median ms " + " / ".join(f"[{settle_text(s)}]" for s in settles) + " (first call ms) |")
@@ -893,9 +952,11 @@ def kept_name(engine) -> str:
 
 def run_record(results, settles, threads) -> dict:
     """The run as benchmarks/charts.py reads it: the machine, commit and command; `float32`, case -> engine ->
-    [speed-up over transformers fp32, one per timing method]; `ours`, which of those engines are hf_vanilla's; and
-    `precision.points`, each reduced-precision engine's speed-up (the first timing method) and its accuracy against
-    transformers fp32 (lowest token cosine, or share of equal generated tokens)."""
+    [speed-up over transformers fp32, one per timing method, steady calls]; `ours`, which of those engines are
+    hf_vanilla's; `precision.points`, each reduced-precision engine's speed-up (the first timing method) and its
+    accuracy against transformers fp32 (lowest token cosine, or share of equal generated tokens); and, where they were
+    timed, `first_requests`: its `method`, and case -> engine (every precision) -> the first requests' `speedup` and
+    their cost `over_steady` (see the module docstring)."""
     from hf_vanilla.precision import cpu_name
 
     float32, points = {}, []
@@ -908,10 +969,21 @@ def run_record(results, settles, threads) -> dict:
                     "cosine": round(fidelity(reference, e, case.lengths), 5)} for e in timed if e.precision != "fp32"]
     commit = git_revision()
     ours = [KEPT_NAMES.get(name, name) for name in FP32_COLUMNS if name in OURS]
-    return {"cpu": f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores", "machine": cpu_header(threads),
-            "date": time.strftime("%Y-%m-%d"), "commit": commit, "command": " ".join(["python", *sys.argv]),
-            "methods": [settle_text(s) for s in settles], "float32": float32, "ours": ours,
-            "precision": {"commit": commit, "points": points}}
+    record = {"cpu": f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores", "machine": cpu_header(threads),
+              "date": time.strftime("%Y-%m-%d"), "commit": commit, "command": " ".join(["python", *sys.argv]),
+              "methods": [settle_text(s) for s in settles], "float32": float32, "ours": ours,
+              "precision": {"commit": commit, "points": points}}
+    first = [r for r in results if len(r) == 3 and r[2].times.get(FIRST)]
+    if first:
+        calls = len(first[0][2].times[FIRST])
+        record["first_requests"] = {
+            "method": f"calls 3 to {2 + calls} of each engine, {settle_text(settles[0])}",
+            "speedup": {case.description: {kept_name(e): round(first_ratio(reference, e), 2)
+                                           for e in engines if e is not reference} for case, engines, reference in first},
+            "over_steady": {case.description: {kept_name(e): round(first_over_steady(e, settles[0]), 2)
+                                               for e in engines if e is not reference}
+                            for case, engines, reference in first}}
+    return record
 
 
 def tokens_text(case):
@@ -924,7 +996,8 @@ def tokens_text(case):
 
 
 def run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rounds):
-    """The case's engines, warmed up and timed under every method. Returns (engines, reference)."""
+    """The case's engines, timed on their first requests (under the first timing method), then warmed up and timed
+    under every method. Returns (engines, reference)."""
     directory = Path(tmp, case.model)
     directory.mkdir(exist_ok=True)
     if case.new_tokens:
@@ -939,6 +1012,7 @@ def run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rou
         vocab = models[case.model].reference.config.vocab_size
         input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")
         engines = encoder_engines(models[case.model], input_ids, attention_mask)
+    first_requests(engines, args.first, settles[0], args.busy)
     warm_up(engines)
     for settle in settles:
         time_rounds(engines, min_rounds, budget, settle, args.busy)
@@ -991,6 +1065,10 @@ def main(args):
             for settle in settles:
                 print(f"  done ({time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}, "
                       f"{settle_text(settle)}): {fp32_row(case, engines, reference, settle)[0]}", flush=True)
+            if args.first:
+                print(f"  first requests ({settle_text(settles[0])}), speed-up / first over steady: " + "; ".join(
+                    f"{e.name} {first_ratio(reference, e):.2f} / {first_over_steady(e, settles[0]):.2f}"
+                    for e in engines if e is not reference), flush=True)
             del engines
 
     failed = print_tables(results, settles)
