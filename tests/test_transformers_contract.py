@@ -45,7 +45,7 @@ pytestmark = pytest.mark.parity
 
 # (test class, test name) -> the work item whose absence makes it fail, as a strict xfail: delete a line when it
 # XPASSes. Empty: the six failures it listed (attention maps under sdpa, heads building a pooler they never read)
-# were fixed with the heads of issue #17.
+# were fixed when every head was built.
 KNOWN_FAILURES = {}
 
 # Tests of a choice we make differently from transformers' own models, with the reason and where the behaviour we
@@ -53,7 +53,7 @@ KNOWN_FAILURES = {}
 DEVIATIONS = {
     "test_bc_cache_name_forward": (
         "transformers 5.24 deprecates forward(past_key_values=) with a warning; hf_vanilla takes it without one, "
-        "since it supports transformers versions where that is the only name (issue 26). Both names giving the "
+        "since it supports transformers versions where that is the only name. Both names giving the "
         "same cache is tests/test_generation.py::test_the_cache_comes_back_under_the_installed_name_and_is_taken_"
         "under_both"
     ),
