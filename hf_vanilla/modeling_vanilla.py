@@ -15,12 +15,12 @@ keywords only. Shapes follow `transformer.py`'s key (B, T, S, E, V).
 
 import copy
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, BaseModelOutputWithPoolingAndCrossAttentions,
@@ -29,12 +29,18 @@ from transformers.modeling_outputs import (
     Seq2SeqQuestionAnsweringModelOutput, Seq2SeqSequenceClassifierOutput, SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 from .compat import one_cache, resized_embeddings
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .heads import MODELS
 from .kernels import VanillaLinear, is_tracing
-from .packing import FORMAT_KEYWORDS, first_tokens, sequence_ids
+from .losses import (
+    cross_entropy, labelled_prefix, next_tokens, no_cache_for_labels, reads_padding, replaced_token_loss,
+    shift_tokens_right, span_logits, token_cross_entropy, token_logits,
+)
+from .packing import FORMAT_KEYWORDS
 from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
@@ -114,11 +120,16 @@ class VanillaPreTrainedModel(PreTrainedModel):
     def _output(self, output_class, body_output, return_dict, **head_fields):
         """A head's output: `output_class` holding the head's own fields (loss, logits, ...) and, for every other
         field, the body's field of that name (hidden states, attentions, the cache, the encoder's states); as a
-        tuple where the caller (or the config) asks for one."""
+        tuple where the caller (or the config) asks for one. A body's own output (one with `last_hidden_state`)
+        carries on the plan its stack ran by (`plan`, packing.BatchPlan), for the heads to read."""
         carried = {name: getattr(body_output, name, None) for name in output_class.__dataclass_fields__}
         # {**a, **b}, not a | b: torch.compile and torch.export before torch 2.8 cannot trace the union of two dicts.
         output = output_class(**{**carried, **head_fields})
-        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+        if not (self.config.return_dict if return_dict is None else return_dict):
+            return output.to_tuple()
+        if "last_hidden_state" in carried and plan_of(body_output) is not None:
+            output.plan = body_output.plan
+        return output
 
     def _causal_lm_loss(self, logits, labels, shift_labels=None):
         """Next-token cross-entropy: position t against labels[t + 1], or against `shift_labels[t]` when the caller
@@ -130,7 +141,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
         shift_labels = next_tokens(labels, shift_labels)
         scores = logits.all
         if logits.real is not None:  # (1, N, V) and (1, N): the real tokens alone
-            scores, shift_labels = logits.packed[None], shift_labels[logits.real.to(shift_labels.device)][None]
+            scores, shift_labels = logits.packed[None], logits.labels_at_real_tokens(shift_labels)[None]
         return self.loss_function(scores, None, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
 
     def _classification_loss(self, logits, labels):
@@ -144,76 +155,10 @@ def packed_format(kwargs):
     return {name: kwargs[name] for name in FORMAT_KEYWORDS if name in kwargs}
 
 
-def next_tokens(labels, shift_labels=None):
-    """(B, T): the label a causal language model scores position t against: labels[t + 1] (-100 at the last
-    position), or `shift_labels[t]` where the caller shifted them already. None without either."""
-    if shift_labels is not None or labels is None:
-        return shift_labels
-    return nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t's next token
-
-
-def reads_padding(labels, attention_mask) -> bool:
-    """Whether a loss scores padding positions: `labels` (B, T), one per position whose output the loss reads, hold
-    a label other than -100 where the 2-D `attention_mask` holds 0. transformers' models score those positions with
-    the outputs the padded computation gives them (each padding position attending to its row's real tokens); the
-    padding-free path leaves them at zero, so the body is asked for the padded path (`outputs_at_padding`)."""
-    if labels is None or attention_mask is None or attention_mask.dim() != 2 or is_tracing():
-        return False
-    if tuple(labels.shape) != tuple(attention_mask.shape):  # e.g. a cache's keys counted in the mask: not packed
-        return False
-    return bool(((labels.to(attention_mask.device) != -100) & ~attention_mask.bool()).any())
-
-
-def no_cache_for_labels(use_cache, labels):
-    """A forward with labels and no word on the cache builds none, as BART's generation head does: a training step
-    reads no cache, and without one a padded batch runs padding-free (packing.py)."""
-    return False if use_cache is None and labels is not None else use_cache
-
-
-class TokenLogits(NamedTuple):
-    """A language-model head's scores at every position, `all` (B, T, V), and, where the padding-free path left
-    padding positions exactly zero, the real tokens' own rows: `packed` (N, V) at the (B, T) mask `real`."""
-
-    all: torch.Tensor
-    packed: torch.Tensor | None = None
-    real: torch.Tensor | None = None
-
-
-def token_logits(lm_head, hidden_states):
-    """`lm_head` at every position, (B, T, E) -> TokenLogits, computed on the real tokens alone where the body ran
-    padding-free (packing.py): its padding positions hold exact zeros, which all score `lm_head(0)`, computed once.
-    With a large vocabulary the output projection costs as much per token as the layers: scoring padding would
-    spend on it what the padding-free layers saved. The loss then reads the N real rows alone."""
-    real = None if is_tracing() else hidden_states.detach().ne(0).any(-1)  # (B, T)
-    if real is None or bool(real.all()):
-        return TokenLogits(lm_head(hidden_states))
-    B, T, E = hidden_states.shape
-    packed = lm_head(hidden_states[real])  # (N, V)
-    logits = lm_head(hidden_states.new_zeros(1, E)).expand(B * T, -1).clone()  # (B * T, V): lm_head(0) everywhere
-    logits[real.flatten()] = packed
-    return TokenLogits(logits.view(B, T, -1), packed, real)
-
-
-def token_cross_entropy(logits: TokenLogits, labels):
-    """`cross_entropy` of a language-model head's `TokenLogits`: over the real tokens' rows alone where it has them
-    (the others carry no label, or the padded path would score them the same)."""
-    if labels is None or logits.real is None:
-        return cross_entropy(logits.all, labels)
-    return cross_entropy(logits.packed, labels[logits.real.to(labels.device)])
-
-
-def cross_entropy(logits, labels):
-    """Cross-entropy of (..., C) logits against (...) class ids, -100 skipped: the loss of every head that picks
-    one class per position or per sequence (masked and generated tokens, entities, next sentence, choices)."""
-    if labels is None:
-        return None
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device))
-
-
-def span_logits(qa_outputs, hidden_states):
-    """Extractive QA: a start and an end score per token, (B, T, E) -> two (B, T); the answer is the best span."""
-    start_logits, end_logits = qa_outputs(hidden_states).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
-    return start_logits.contiguous(), end_logits.contiguous()
+def plan_of(body_output):
+    """The plan (packing.BatchPlan) a body's output carries: how its stack ran the batch, where it ran in PyTorch
+    outside tracing; None elsewhere (an engine's output, a traced graph's), where every position was computed."""
+    return getattr(body_output, "plan", None)
 
 
 def classifier_layers(config, num_outputs: int):
@@ -274,9 +219,13 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.encoder.embeddings.word_embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, cache=None, past_key_values=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, outputs_at_padding=False, **kwargs):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, cache: Cache | None = None,
+                past_key_values: Cache | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, outputs_at_padding: bool = False,
+                **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutputWithPoolingAndCrossAttentions | tuple:
         """input_ids, attention_mask, token_type_ids: (B, T). Returns last_hidden_state (B, T, E), pooler_output
         (B, E), and per layer the hidden states (B, T, E) and attention weights (B, H, T, T) when asked.
         `cache` (`past_key_values` before transformers 5.24): the causal LM's key/value cache.
@@ -288,14 +237,16 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
                            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                            outputs_at_padding=outputs_at_padding, **packed_format(kwargs))
         pooled = None
-        if self.pooler is not None:
-            # One pooled state per sequence: per row, or per sequence of transformers' packed format (count, E).
-            sequences = None if is_tracing() else sequence_ids(out.last_hidden_state.shape[:2], position_ids,
-                                                               attention_mask, kwargs)
-            first = (out.last_hidden_state[:, 0] if sequences is None
-                     else out.last_hidden_state.flatten(0, 1)[first_tokens(sequences)])  # (B, E) or (count, E)
+        if self.pooler is not None:  # one state per sequence: (B, E), or (count, E) in transformers' packed format
+            plan = plan_of(out)
+            first = out.last_hidden_state[:, 0] if plan is None else plan.first_states(out.last_hidden_state)
             pooled = torch.tanh(self.pooler(first))
         return self._output(BaseModelOutputWithPoolingAndCrossAttentions, out, return_dict, pooler_output=pooled)
+
+
+# The body's inputs an encoder head passes on by name (`VanillaEncoderPreTrainedModel._encode`).
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "cache",
+                  "past_key_values", "use_cache", "output_attentions", "output_hidden_states")
 
 
 class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
@@ -309,23 +260,24 @@ class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
         super().__init__(config)
         self.model = VanillaEncoderModel(config, add_pooling_layer=self.uses_pooler)
 
-    def _encode(self, **inputs):
+    def _encode(self, arguments: dict, **overrides):
         """The encoder's output for the head to read, always a ModelOutput (the head returns its own as a tuple
-        where asked). Keywords only: `VanillaEncoderModel.forward`'s, and transformers' packed-format keywords
-        (packing.FORMAT_KEYWORDS) among the head's own `kwargs`.
+        where asked). `arguments` are the head's forward's own (`locals()`): the body's inputs are taken from them by
+        name (ENCODER_INPUTS), with transformers' packed-format keywords among their `kwargs`; `overrides` replace
+        or add some (multiple choice's rows, `outputs_at_padding`).
 
         A head that reads one state per row ([CLS]) refuses transformers' packed format (several sequences in a
         row): its labels are one per sequence, which DataCollatorWithFlattening does not carry."""
-        if self.uses_pooler:
-            ids = inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"]
-            if ids is not None and not is_tracing() and sequence_ids(
-                    ids.shape[:2], inputs.get("position_ids"), inputs.get("attention_mask"), inputs) is not None:
-                raise ValueError(
-                    f"{type(self).__name__} reads one [CLS] state per row, and these inputs pack several sequences "
-                    "in a row (transformers' DataCollatorWithFlattening: position_ids restarting, cu_seq_lens or "
-                    "seq_idx). Pass a padded batch (DataCollatorWithPadding): it runs padding-free here already."
-                )
-        return self.model(**inputs, return_dict=True)
+        inputs = {name: arguments[name] for name in ENCODER_INPUTS if name in arguments}
+        out = self.model(**{**inputs, **packed_format(arguments["kwargs"]), **overrides}, return_dict=True)
+        plan = plan_of(out)
+        if self.uses_pooler and plan is not None and plan.sequences is not None:
+            raise ValueError(
+                f"{type(self).__name__} reads one [CLS] state per row, and these inputs pack several sequences "
+                "in a row (transformers' DataCollatorWithFlattening: position_ids restarting, cu_seq_lens or "
+                "seq_idx). Pass a padded batch (DataCollatorWithPadding): it runs padding-free here already."
+            )
+        return out
 
     def _sentence(self, out):
         """The sentence representation (B, E): the pooled [CLS] token, or its hidden state when the checkpoint has
@@ -347,11 +299,8 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
                 labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           outputs_at_padding=reads_padding(labels, attention_mask), **packed_format(kwargs))
-        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        out = self._encode(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         return self._output(MaskedLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
 
@@ -382,12 +331,9 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         `past_key_values` before transformers 5.24)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         next_labels = next_tokens(labels, kwargs.get("shift_labels"))  # (B, T): what position t is scored against
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states, cache=one_cache(cache, past_key_values),
-                           use_cache=no_cache_for_labels(use_cache, next_labels),
-                           outputs_at_padding=reads_padding(next_labels, attention_mask), **packed_format(kwargs))
-        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        out = self._encode(locals(), use_cache=no_cache_for_labels(use_cache, next_labels),
+                           outputs_at_padding=reads_padding(next_labels, attention_mask))
+        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 
@@ -422,10 +368,7 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
         when both are given. Returns prediction_logits (B, T, V) and seq_relationship_logits (B, 2)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         check_labels(next_sentence_label, 2, "the two next-sentence classes")
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           outputs_at_padding=reads_padding(labels, attention_mask), **packed_format(kwargs))
+        out = self._encode(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
         prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = None if labels is None or next_sentence_label is None else (
@@ -449,10 +392,7 @@ class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
                 labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
         check_labels(labels, 2, "the two next-sentence classes")
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+        out = self._encode(locals())
         logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = cross_entropy(logits, labels)
         return self._output(NextSentencePredictorOutput, out, return_dict, loss=loss, logits=logits)
@@ -475,10 +415,7 @@ class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
         """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label. Returns logits
         (B, num_labels)."""
         check_sequence_labels(self.config, labels)
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+        out = self._encode(locals())
         logits = self.classifier(self.dropout(self._sentence(out)))  # (B, num_labels)
         loss = self._classification_loss(logits, labels)
         return self._output(SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -506,11 +443,9 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
         def flat(x):  # (B, C, T, ...) -> (B * C, T, ...): every choice is a sequence of its own
             return None if x is None else x.reshape(B * C, *x.shape[2:])
 
-        out = self._encode(input_ids=flat(input_ids), attention_mask=flat(attention_mask),
+        out = self._encode(locals(), input_ids=flat(input_ids), attention_mask=flat(attention_mask),
                            token_type_ids=flat(token_type_ids), position_ids=flat(position_ids),
-                           inputs_embeds=flat(inputs_embeds), output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+                           inputs_embeds=flat(inputs_embeds))
         logits = self.classifier(self.dropout(self._sentence(out))).view(B, C)  # (B * C, 1) -> (B, C)
         return self._output(MultipleChoiceModelOutput, out, return_dict, loss=cross_entropy(logits, labels),
                             logits=logits)
@@ -529,10 +464,7 @@ class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
                 labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
         check_labels(labels, self.num_labels, "num_labels")
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           outputs_at_padding=reads_padding(labels, attention_mask), **packed_format(kwargs))
+        out = self._encode(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
         return self._output(TokenClassifierOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
@@ -556,10 +488,7 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
         padding-free, and padding positions score the head's bias (their states are zero there)."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
         scores_spans = start_positions is not None or end_positions is not None
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states, outputs_at_padding=scores_spans,
-                           **packed_format(kwargs))
+        out = self._encode(locals(), outputs_at_padding=scores_spans)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
         return self._output(QuestionAnsweringModelOutput, out, return_dict, loss=loss, start_logits=start_logits,
@@ -578,16 +507,6 @@ class VanillaReplacedTokenHead(nn.Module):
 
     def forward(self, hidden_states):
         return self.prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (..., 1) -> (...)
-
-
-def replaced_token_loss(logits, labels, attention_mask):
-    """ELECTRA's loss: binary cross-entropy of the (B, T) logits against 1 (replaced) / 0 (original), over real
-    tokens only: padding is neither original nor replaced."""
-    if labels is None:
-        return None
-    labels = labels.to(logits.device)
-    real = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask == 1
-    return nn.functional.binary_cross_entropy_with_logits(logits[real], labels[real].to(logits.dtype))
 
 
 class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
@@ -610,10 +529,7 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
         inputs = input_ids if input_ids is not None else inputs_embeds
         if inputs is not None:
             check_token_labels(labels, inputs.shape[:2], "1 where the token was replaced, 0 where it is the original")
-        out = self._encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                           output_hidden_states=output_hidden_states,
-                           **packed_format(kwargs))
+        out = self._encode(locals())
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = replaced_token_loss(logits, labels, attention_mask)
         return self._output(TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -622,30 +538,6 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
 # ----------------------------------------------------------------------------------------------------------------
 # 3. The encoder-decoder and its heads
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int, position_ids=None):
-    """Teacher forcing: the decoder reads the target shifted one step right, starting from the start token, and
-    learns to predict the unshifted target. -100 (ignored) label positions are read as padding. Targets packed end
-    to end (`position_ids` restarting, transformers' packed format) each start from the start token."""
-    shifted = labels.new_zeros(labels.shape)
-    shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = decoder_start_token_id
-    sequences = sequence_ids(labels.shape, position_ids) if position_ids is not None else None
-    if sequences is not None:
-        starts = torch.ones_like(sequences, dtype=torch.bool)
-        starts[:, 1:] = sequences[:, 1:] != sequences[:, :-1]  # (B, T): the first token of each packed target
-        shifted = shifted.masked_fill(starts, decoder_start_token_id)
-    return shifted.masked_fill(shifted == -100, pad_token_id)
-
-
-def labelled_prefix(labels):
-    """(B, T) 1/0: the decoder positions up to each row's last label. Computed with it as the decoder's
-    attention_mask, every labelled position reads what it reads without it (the rest is in its future), and a
-    padded target batch runs padding-free (packing.py)."""
-    labelled = labels != -100
-    last = torch.where(labelled, torch.arange(labels.shape[-1], device=labels.device), -1).amax(-1)  # (B,)
-    return (torch.arange(labels.shape[-1], device=labels.device) <= last[:, None]).long()
 
 
 class VanillaSeq2SeqModel(VanillaPreTrainedModel):
@@ -787,7 +679,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
                          output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                          return_dict=True, position_ids=position_ids, decoder_position_ids=decoder_position_ids,
                          outputs_at_padding=reads_padding(labels, decoder_attention_mask), **packed_format(kwargs))
-        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         return self._output(Seq2SeqLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
 
@@ -930,7 +822,7 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
                          use_cache=no_cache_for_labels(use_cache, next_labels), output_attentions=output_attentions,
                          output_hidden_states=output_hidden_states, return_dict=True,
                          outputs_at_padding=reads_padding(next_labels, attention_mask), **packed_format(kwargs))
-        logits = token_logits(self.lm_head, out.last_hidden_state)  # (B, T, V)
+        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
         return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 

@@ -35,6 +35,7 @@ feed-forward at every position), so such a batch takes the padded path (`can_pac
 """
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -97,6 +98,25 @@ def sequence_ids(shape, position_ids, attention_mask=None, packed_format=None):
     return ids if bool(ids[:, -1].any()) or len(candidates) > 1 or name != "position_ids" else None
 
 
+def batch_sequences(shape, position_ids, attention_mask, packed_format, past_length, encoder_hidden_states=None,
+                    encoder_position_ids=None, encoder_attention_mask=None):
+    """Which sequence each token belongs to in transformers' packed format (`sequence_ids`): the target's (B, T) and,
+    for cross-attention, the source's (B, S); None for an ordinary batch, and while decoding with a cache (the
+    prompt's sequences are in the cache already). A packed target reads a packed source, sequence i from sequence i."""
+    if not (isinstance(past_length, int) and past_length == 0):
+        return None, None
+    sequences = sequence_ids(shape, position_ids, attention_mask, packed_format)
+    if encoder_hidden_states is None:
+        return sequences, None
+    encoder_sequences = sequence_ids(encoder_hidden_states.shape[:2], encoder_position_ids, encoder_attention_mask)
+    if (sequences is None) != (encoder_sequences is None):
+        raise ValueError(
+            "Packed sequences on one side only: a packed target (decoder_position_ids restarting) reads a packed "
+            "source (position_ids restarting), target i from source i. Pack both, or neither."
+        )
+    return sequences, encoder_sequences
+
+
 def positions_within(sequences):
     """Each token's position counted from the start of its sequence, (B, T): the positions of packed sequences
     given by cu_seq_lens or seq_idx alone."""
@@ -104,11 +124,6 @@ def positions_within(sequences):
     index = torch.arange(sequences.shape[-1], device=sequences.device).expand_as(sequences)
     start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values  # (B, T)
     return index - start_index
-
-
-def first_tokens(sequences):
-    """The flattened index of each packed sequence's first token, (count,): what a pooled head reads."""
-    return _starts(sequences).flatten().nonzero().squeeze(1)
 
 
 def _starts(ids):
@@ -181,10 +196,13 @@ def can_pack_source(encoder_attention_mask) -> bool:
 class PackedBatch:
     """Where the tokens of each sequence sit in a (B, T) batch: `pack` gathers them end to end, `unpack` scatters
     results back. `keep` (B, T) marks the real tokens (all of them when None); `sequences` (B, T) splits a row into
-    several sequences (transformers' packed format; one per row when None). One of the two is given."""
+    several sequences (transformers' packed format; one per row when None). Without either, every token of the
+    batch (on `device`) is real, a sequence a row."""
 
-    def __init__(self, shape, keep=None, sequences=None):
+    def __init__(self, shape, keep=None, sequences=None, device=None):
         self.batch_size, self.length = shape  # B, T
+        if keep is None and sequences is None:
+            keep = torch.ones(shape, dtype=torch.bool, device=device)
         keep = None if keep is None else keep.bool()  # a float or integer mask marks real tokens by nonzero values
         if sequences is None and keep is not None:
             self.indices = keep.flatten().nonzero().squeeze(1)  # (N,): real tokens in the flattened batch
@@ -235,6 +253,74 @@ class PackedBatch:
         return rows.view(self.batch_size, self.length, -1)
 
 
+def neighbours(packed, source=None):
+    """`packed` and cross-attention's `source` (PackedBatch, or None) laid out so that sequences of equal lengths
+    (and of equal source lengths) are neighbours, target sequence i beside source sequence i."""
+    if source is not None and len(source.seq_lens) != len(packed.seq_lens):
+        raise ValueError(f"{len(packed.seq_lens)} target sequences for {len(source.seq_lens)} source sequences: "
+                         "each target sequence reads the source sequence of the same index.")
+    order = packed.shortest_first(source.seq_lens if source is not None else None)
+    return packed.reorder(order), source.reorder(order) if source is not None else None
+
+
+@dataclass
+class BatchPlan:
+    """How a stack runs one batch, decided once before its embeddings (`VanillaStack._plan`) and read by every step
+    after it: the embeddings and the layers, the masks of the padded path, and the heads (a body's output carries it
+    as `plan`, outside tracing).
+
+    shape ............. (B, T)
+    positions ......... (B, T): each token's row in the position table
+    sequences ......... (B, T): which sequence each token belongs to in transformers' packed format
+                        (`sequence_ids`); None where each row is one sequence
+    encoder_sequences . (B, S): the same for the source cross-attention reads
+    packed ............ the padding-free layout (`PackedBatch`: the real tokens' index, each sequence's length), or
+                        None where the padded path runs, with the masks masks.py builds from this plan
+    source ............ the source's padding-free layout, sequence i beside the target's sequence i
+    """
+
+    shape: tuple[int, int]
+    positions: torch.Tensor
+    sequences: torch.Tensor | None = None
+    encoder_sequences: torch.Tensor | None = None
+    packed: PackedBatch | None = None
+    source: PackedBatch | None = None
+
+    @property
+    def seq_lens(self) -> list[int] | None:
+        return None if self.packed is None else self.packed.seq_lens
+
+    @property
+    def source_seq_lens(self) -> list[int] | None:
+        return None if self.source is None else self.source.seq_lens
+
+    def pack(self, x):
+        """(B, T, ...) -> (N, ...) on the padding-free path; as given on the padded one (None stays None)."""
+        return x if self.packed is None else self.packed.pack(x)
+
+    def pack_source(self, encoder_hidden_states):
+        """(B, S, E) -> (M, E): the source's real tokens, in the target's order of sequences (or as given)."""
+        return encoder_hidden_states if self.source is None else self.source.pack(encoder_hidden_states)
+
+    def unpack(self, x):
+        """(N, E) -> (B, T, E), zeros at padding, on the padding-free path; as given on the padded one."""
+        return x if self.packed is None else self.packed.unpack(x)
+
+    def real_tokens(self):
+        """(N,): the flattened (B * T) index of the real tokens, in order, where the padding-free path left the
+        padding positions' states at zero; None where every position was computed (the padded path, or no padding)."""
+        if self.packed is None or len(self.packed.indices) == self.shape[0] * self.shape[1]:
+            return None
+        return self.packed.indices.sort().values
+
+    def first_states(self, hidden_states):
+        """Each sequence's first-token ([CLS]) state, what a pooled head reads: (B, E) a row each, or (count, E)
+        for transformers' packed format."""
+        if self.sequences is None:
+            return hidden_states[:, 0]
+        return hidden_states.flatten(0, 1)[_starts(self.sequences).flatten().nonzero().squeeze(1)]
+
+
 def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, key_lens, causal, dropout, scaling):
     """Attention for sequences laid end to end: query (N, H, D), key, value (M, H, D) -> context (N, H*D).
 
@@ -283,5 +369,5 @@ def attention_in_one_call(query, key, value, seq_lens, key_lens, causal, scaling
                             max(key_lens), causal, scaling)
 
 
-__all__ = ["FORMAT_KEYWORDS", "PackedBatch", "attend_within_sequences", "can_pack", "can_pack_source",
-           "first_tokens", "positions_within", "sequence_ids"]
+__all__ = ["FORMAT_KEYWORDS", "BatchPlan", "PackedBatch", "attend_within_sequences", "batch_sequences", "can_pack",
+           "can_pack_source", "neighbours", "positions_within", "sequence_ids"]

@@ -6,7 +6,7 @@ Contents, in the order a token meets them (the paper's section numbers in bracke
     2. Attention .......... scaled dot-product attention, multi-head attention            (section 3.2)
     3. Feed-forward ....... the position-wise network                                     (section 3.3)
     4. Layers ............. encoder layer; decoder layer = encoder layer + cross-attention (section 3.1)
-    5. Stack .............. masks, then embeddings + N layers                              (sections 3.1, 3.2.3)
+    5. Stack .............. the batch's plan, embeddings, masks, then N layers             (sections 3.1, 3.2.3)
 
 Shape key, used in every comment:
     B batch size     T query length     S key/value length     N real (non-padding) tokens in a batch
@@ -18,11 +18,10 @@ transformers builds them). It is converted once, at the stack's boundary, into a
 
 Where BERT departs from the paper (GELU, learned positions, segment embeddings, LayerNorm on the embeddings,
 epsilon 1e-12, a pooler), the config switches it; the comments say why. This file holds the ideas and nothing else:
-the Hugging Face models built on them (the pretrained-model base, the three bodies, every head) are in
-`modeling_vanilla.py`, and the machinery that makes them fast and safe lives beside it, one call each:
-`masks.py` (every mask: padding, causal, packed sequences), `kernels.py` (which matmul kernel runs a projection),
-`packing.py` (padded batches run without their padding), `validation.py` (bad input refused before any kernel runs)
-and `compat.py` (what differs between transformers versions).
+the Hugging Face models built on them are in `modeling_vanilla.py`, and the machinery beside it, one call each:
+`masks.py` (every mask), `kernels.py` (which matmul kernel runs a projection), `packing.py` (the batch's plan, and
+padded batches run without their padding), `validation.py` (bad input refused before any kernel runs) and
+`compat.py` (what differs between transformers versions).
 """
 
 import math
@@ -30,16 +29,18 @@ import math
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 from .compat import CACHE_FIELD, cache_field, flex_attention_forward
-from .kernels import VanillaLinear
+from .kernels import VanillaLinear, is_tracing
 from .masks import cross_attention_mask, has_padding, self_attention_mask
-from .packing import (PackedBatch, attend_within_sequences, can_pack, can_pack_source, positions_within,
-                      sequence_ids)
+from .packing import (BatchPlan, PackedBatch, attend_within_sequences, batch_sequences, can_pack, can_pack_source,
+                      neighbours, positions_within)
 from .validation import check_inputs, positions_counted_from_zero, self_attention_cache
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -140,11 +141,10 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
 
 def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Equation 1 in one fused torch kernel, for `config._attn_implementation == "sdpa"` (the default): the same
-    arithmetic as `eager_attention_forward`, without materialising the weights.
-
-    transformers' own sdpa function wraps this kernel in cases this model never has (grouped-query heads, paged
-    caches, causality guessed from `module.is_causal`); calling the kernel directly saves that Python on every
-    attention call, a measurable share of a 16-token request. Masks here are always explicit: `is_causal` stays off.
+    arithmetic as `eager_attention_forward`, without materialising the weights. transformers' own sdpa function
+    wraps this kernel in cases this model never has (grouped-query heads, paged caches, causality guessed from
+    `module.is_causal`); calling it directly saves that Python on every attention call, a measurable share of a
+    16-token request. Masks here are always explicit: `is_causal` stays off.
 
     Returns: context (B, T, H, D) and None (no weights are formed).
     """
@@ -344,18 +344,19 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. The stack: masks, then embeddings and N layers
+# 5. The stack: the batch's plan, embeddings, masks, then N layers
 # ----------------------------------------------------------------------------------------------------------------
 
 
 class VanillaStack(nn.Module):
     """Embeddings followed by N identical layers: the encoder (section 3.1, left) or the decoder (right).
 
-    A batch of sequences of different lengths runs padding-free (packing.py): embeddings, projections and
-    feed-forward on its real tokens only, attention within each sequence (causal in the decoder; cross-attention to
-    the same sequence's source). That holds for a right-padded batch and for transformers' packed format
-    (`DataCollatorWithFlattening`). The padded path stays for attention maps, the key/value cache (generation), 4-D
-    masks, left padding, tracing/export, and losses that read padding positions (`outputs_at_padding`).
+    Its forward reads as BertModel's: the input checked (validation.py), the batch planned once (packing.BatchPlan:
+    sequences, positions, which path), embeddings, the padded path's masks (masks.py), then the layers. A batch of
+    sequences of different lengths runs padding-free (packing.py): embeddings, projections and feed-forward on its
+    real tokens only, attention within each sequence (causal in the decoder; cross-attention to the same sequence's
+    source), for a right-padded batch and for transformers' packed format (`DataCollatorWithFlattening`). The padded
+    path stays for attention maps, the cache, 4-D masks, left padding, tracing, and losses that read padding.
     """
 
     def __init__(self, config, is_decoder: bool = False, cross_attention: bool = False):
@@ -376,15 +377,19 @@ class VanillaStack(nn.Module):
         # Pre-LN leaves the last residual stream un-normalised; post-LN already ends on a LayerNorm.
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                encoder_hidden_states=None, encoder_attention_mask=None, encoder_position_ids=None,
-                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                outputs_at_padding=False, **kwargs):
-        """Returns a `BaseModelOutputWithPastAndCrossAttentions` (generate needs a ModelOutput of the encoder);
-        the public models honour `return_dict`. `kwargs` may hold transformers' packed-format keywords
-        (`cu_seq_lens_q/k`, `max_length_q/k`, `seq_idx`: packing.sequence_ids); `encoder_position_ids` tell packed
-        source sequences apart for cross-attention. `outputs_at_padding`: the caller reads the padding positions'
-        outputs, as the padded computation gives them (the padding-free path leaves them zero)."""
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, encoder_hidden_states: torch.Tensor | None = None,
+                encoder_attention_mask: torch.Tensor | None = None, encoder_position_ids: torch.Tensor | None = None,
+                past_key_values: Cache | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                outputs_at_padding: bool = False, **kwargs: Unpack[TransformersKwargs],
+                ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """Checks, the batch's plan, embeddings, masks, then the N layers. Returns a ModelOutput (generate needs one
+        of the encoder) carrying the plan as `plan` (packing.BatchPlan), outside tracing. `kwargs` may hold
+        transformers' packed-format keywords (packing.sequence_ids); `encoder_position_ids` tell packed source
+        sequences apart. `outputs_at_padding`: the caller reads the padding positions' outputs, as the padded path
+        computes them (the padding-free path leaves them zero)."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -397,134 +402,99 @@ class VanillaStack(nn.Module):
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
                      encoder_attention_mask=encoder_attention_mask, packed_format=kwargs,
                      dtype=self.layers[0].self_attn_norm.weight.dtype)  # the token table's may be int8
-        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        sequences, encoder_sequences = self._sequences(
-            shape=(B, T), position_ids=position_ids, attention_mask=attention_mask, packed_format=kwargs,
-            past_length=past_length, encoder_hidden_states=encoder_hidden_states,
-            encoder_position_ids=encoder_position_ids, encoder_attention_mask=encoder_attention_mask)
-        packed, source = self._packed_batches(
-            shape=(B, T), attention_mask=attention_mask, sequences=sequences, cached=past_key_values is not None,
-            output_attentions=output_attentions, outputs_at_padding=outputs_at_padding,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask, encoder_sequences=encoder_sequences)
-        hidden_states, mask = self._embed(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids, inputs_embeds=inputs_embeds, past_length=past_length, cache=cache,
-            sequences=sequences, packed=packed)
-        if source is not None:  # (B, S, E) -> (M, E): the source's real tokens, in the target's order of sequences
-            memory, cross_mask = source.pack(encoder_hidden_states), None
-        else:
-            memory = encoder_hidden_states
-            cross_mask = cross_attention_mask(encoder_attention_mask, hidden_states.dtype, sequences, encoder_sequences)
-        seq_lens = packed.seq_lens if packed is not None else None
-
+        plan = self._plan(tokens=input_ids if input_ids is not None else inputs_embeds, position_ids=position_ids,
+                          attention_mask=attention_mask, packed_format=kwargs, past_length=past_length,
+                          cached=past_key_values is not None, output_attentions=output_attentions,
+                          outputs_at_padding=outputs_at_padding, encoder_hidden_states=encoder_hidden_states,
+                          encoder_attention_mask=encoder_attention_mask, encoder_position_ids=encoder_position_ids)
+        hidden_states = self._embed(plan, input_ids, token_type_ids, inputs_embeds, attention_mask)
+        mask, cross_mask = self._masks(plan, attention_mask, encoder_attention_mask, past_length, cache,
+                                       hidden_states.dtype, hidden_states.device)
+        memory = plan.pack_source(encoder_hidden_states)  # (B, S, E), or (M, E) beside a packed target
         # The N layers (section 3.1): each reads the previous one's output.
         all_hidden_states, all_self, all_cross = [hidden_states], [], []
         for layer in self.layers:
             if self.is_decoder:  # the cache by keyword: under gradient checkpointing the layer's wrapper drops it
                 hidden_states, self_weights, cross_weights = layer(
-                    hidden_states, mask, memory, cross_mask, seq_lens=seq_lens,
-                    encoder_seq_lens=source.seq_lens if source is not None else None,
-                    output_attentions=output_attentions, **cache_field(past_key_values))
+                    hidden_states, mask, memory, cross_mask, seq_lens=plan.seq_lens,
+                    encoder_seq_lens=plan.source_seq_lens, output_attentions=output_attentions,
+                    **cache_field(past_key_values))
                 all_cross.append(cross_weights)
             else:
-                hidden_states, self_weights = layer(hidden_states, mask, seq_lens=seq_lens,
+                hidden_states, self_weights = layer(hidden_states, mask, seq_lens=plan.seq_lens,
                                                     output_attentions=output_attentions)
             all_hidden_states.append(hidden_states)
             all_self.append(self_weights)
         if self.final_norm is not None:
             hidden_states = all_hidden_states[-1] = self.final_norm(hidden_states)
-
-        if packed is not None:  # (N, E) -> (B, T, E), zeros at padding
-            hidden_states = packed.unpack(hidden_states)
-            all_hidden_states = list(map(packed.unpack, all_hidden_states)) if output_hidden_states else None
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=plan.unpack(hidden_states),  # (N, E) -> (B, T, E), zeros at padding, where packed
             **cache_field(past_key_values if use_cache else None),
-            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            hidden_states=tuple(map(plan.unpack, all_hidden_states)) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
         )
+        if not is_tracing():  # not a field: no tuple or dict of the output holds it, and a graph returns tensors
+            output.plan = plan
+        return output
 
-    def _sequences(self, *, shape, position_ids, attention_mask, packed_format, past_length, encoder_hidden_states,
-                   encoder_position_ids, encoder_attention_mask):
-        """Which sequence each token belongs to, for transformers' packed format, (B, T) and the source's (B, S); None
-        for ordinary batches (packing.sequence_ids). A packed target reads a packed source, sequence i from sequence i."""
-        if not (isinstance(past_length, int) and past_length == 0):
-            return None, None  # decoding with a cache: the prompt's sequences are in the cache already
-        sequences = sequence_ids(shape, position_ids, attention_mask, packed_format)
-        encoder_sequences = None
-        if encoder_hidden_states is not None:
-            encoder_sequences = sequence_ids(encoder_hidden_states.shape[:2], encoder_position_ids,
-                                             encoder_attention_mask)
-            if (sequences is None) != (encoder_sequences is None):
-                raise ValueError(
-                    "Packed sequences on one side only: a packed target (decoder_position_ids restarting) reads a "
-                    "packed source (position_ids restarting), target i from source i. Pack both, or neither."
-                )
-        return sequences, encoder_sequences
-
-    def _packed_batches(self, *, shape, attention_mask, sequences, cached, output_attentions, outputs_at_padding,
-                        encoder_hidden_states, encoder_attention_mask, encoder_sequences):
-        """Where the tokens of each sequence sit, for the padding-free path: (target, source), or (None, None) where
-        the padded path runs (packing.can_pack). Sequences of equal lengths become neighbours in both."""
-        cross = encoder_hidden_states is not None
-        if not can_pack(attention_mask, sequences, output_attentions, cached, outputs_at_padding) or (
-                cross and not can_pack_source(encoder_attention_mask)):
-            return None, None
+    def _plan(self, *, tokens, position_ids, attention_mask, packed_format, past_length, cached, output_attentions,
+              outputs_at_padding, encoder_hidden_states, encoder_attention_mask, encoder_position_ids) -> BatchPlan:
+        """The batch's plan (packing.BatchPlan), made once: each token's sequence and position, and where the
+        padding-free path runs (packing.can_pack), where the tokens of each sequence (and of its source) sit."""
+        shape = tuple(tokens.shape[:2])
+        sequences, encoder_sequences = batch_sequences(
+            shape, position_ids, attention_mask, packed_format, past_length, encoder_hidden_states,
+            encoder_position_ids, encoder_attention_mask)
+        plan = BatchPlan(shape, self._positions(position_ids, sequences, past_length, shape, tokens.device),
+                         sequences, encoder_sequences)
+        if not (can_pack(attention_mask, sequences, output_attentions, cached, outputs_at_padding)
+                and (encoder_hidden_states is None or can_pack_source(encoder_attention_mask))):
+            return plan
         packed = PackedBatch(shape, attention_mask if sequences is None else None, sequences)
-        source = None
-        if cross:  # without a mask (nor packed sources), every source token is a key
-            keep = encoder_attention_mask
-            if keep is None and encoder_sequences is None:
-                keep = torch.ones(encoder_hidden_states.shape[:2], dtype=torch.bool, device=encoder_hidden_states.device)
-            source = PackedBatch(encoder_hidden_states.shape[:2], keep, encoder_sequences)
-        if source is not None and len(source.seq_lens) != len(packed.seq_lens):
-            raise ValueError(f"{len(packed.seq_lens)} target sequences for {len(source.seq_lens)} source sequences: "
-                             "each target sequence reads the source sequence of the same index.")
-        order = packed.shortest_first(source.seq_lens if source is not None else None)
-        return packed.reorder(order), source.reorder(order) if source is not None else None
+        source = None if encoder_hidden_states is None else PackedBatch(  # no mask: every source token is a key
+            encoder_hidden_states.shape[:2], encoder_attention_mask, encoder_sequences, encoder_hidden_states.device)
+        plan.packed, plan.source = neighbours(packed, source)
+        return plan
 
-    def _embed(self, *, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_length, cache,
-               sequences, packed):
-        """The first layer's input, (B, T, E) or (N, E) packed, and the padded path's additive self-attention mask
-        (None where packed: attention runs within each sequence)."""
-        B, T = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        if sequences is not None and position_ids is None:  # packed sequences count their positions from their start
-            position_ids = positions_within(sequences)
-            if not positions_counted_from_zero(self.config, self.is_decoder):  # then they are the table's rows
-                position_ids = position_ids + self.config.position_offset
-        position_ids = self._positions(position_ids, past_length, B, T, (inputs_embeds, input_ids))
-        token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
-        if packed is not None:  # (B, T) -> (N,): the real tokens alone
-            input_ids, position_ids, token_type_ids, inputs_embeds = map(
-                packed.pack, (input_ids, position_ids, token_type_ids, inputs_embeds))
-        hidden_states = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds)  # (B, T, E) or (N, E)
-        if packed is not None:
-            return hidden_states, None
-        key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
-        mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder, hidden_states.dtype,
-                                   hidden_states.device, sequences)
-        if inputs_embeds is not None and has_padding(attention_mask) and attention_mask.dim() == 2:
-            # Padding keys get zero weight, but 0 * NaN is NaN: a NaN (or inf) the caller left at padding would
-            # spread. Only those are cleared: a padding position keeps a finite embedding, and computes what it
-            # computes from input_ids (`generate` reads the last position even where it is padding).
-            hidden_states = hidden_states.masked_fill(
-                ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
-        return hidden_states, mask
-
-    def _positions(self, position_ids, past_length, B, T, inputs):
+    def _positions(self, position_ids, sequences, past_length, shape, device):
         """Each token's row in the position table, (B, T). Without `position_ids`, tokens count from the cache's
-        length (the table's `position_offset` first). A causal stack takes `position_ids` counted from 0, as
-        `generate` derives them from a left-padded mask (GPT-2's convention), and so do both stacks of the
-        encoder-decoder (BART adds its offset to every position); an encoder alone takes the table's rows, as BERT
-        and RoBERTa do (validation.positions_counted_from_zero)."""
-        device = next(x for x in inputs if x is not None).device
+        length, or packed sequences from their own start (the table's `position_offset` first). Explicit ones are
+        counted from 0 or are the table's rows, by the stack (validation.positions_counted_from_zero)."""
+        B, T = shape
         offset = self.config.position_offset
-        if position_ids is None:
+        if position_ids is None and sequences is not None:
+            position_ids = positions_within(sequences) + offset
+        elif position_ids is None:
             start = offset + past_length  # a tensor only for a static cache while tracing
             position_ids = (torch.arange(start, start + T, device=device) if isinstance(start, int)
                             else torch.arange(T, device=device) + start)
         elif offset and positions_counted_from_zero(self.config, self.is_decoder):
             position_ids = position_ids + offset
         return position_ids.expand(B, T)  # (T,) or (1, T), shared by every row -> (B, T)
+
+    def _embed(self, plan, input_ids, token_type_ids, inputs_embeds, attention_mask):
+        """The first layer's input: (B, T, E), or (N, E) on the padding-free path (the real tokens alone)."""
+        B, T = plan.shape
+        token_type_ids = token_type_ids.expand(B, T) if token_type_ids is not None else None
+        hidden_states = self.embeddings(input_ids=plan.pack(input_ids), position_ids=plan.pack(plan.positions),
+                                        token_type_ids=plan.pack(token_type_ids),
+                                        inputs_embeds=plan.pack(inputs_embeds))  # (B, T, E) or (N, E)
+        padded_embeds = plan.packed is None and inputs_embeds is not None
+        if padded_embeds and has_padding(attention_mask) and attention_mask.dim() == 2:
+            # 0 * NaN is NaN: a NaN (or inf) the caller left at padding would spread through the padding keys' zero
+            # weights. Only those are cleared (`generate` reads the last position even where it is padding).
+            hidden_states = hidden_states.masked_fill(
+                ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
+        return hidden_states
+
+    def _masks(self, plan, attention_mask, encoder_attention_mask, past_length, cache, dtype, device):
+        """The padded path's additive masks (masks.py) from the plan: self-attention's (B|1, 1, T|1, S) and
+        cross-attention's; (None, None) on the padding-free path, where attention runs within each sequence."""
+        if plan.packed is not None:
+            return None, None
+        T = plan.shape[1]
+        key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
+        mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder, dtype, device,
+                                   plan.sequences)
+        return mask, cross_attention_mask(encoder_attention_mask, dtype, plan.sequences, plan.encoder_sequences)
