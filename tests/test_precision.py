@@ -331,3 +331,81 @@ def test_int8_accuracy_on_real_sentences(minilm_path, int8_path, lowest, tmp_pat
     assert cosine.min().item() >= lowest, report
     assert cosine.mean().item() >= MEAN_TOKEN_COSINE, report
     assert agreement >= NEIGHBOUR_AGREEMENT, report
+
+
+# ---- runtime="auto": the accuracy floor on real text ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale, reduced", [(12, "onnxruntime owned int8"), (50, "openvino bf16")])
+def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale, reduced, tmp_path, monkeypatch,
+                                                              scripted_clock):
+    """MiniLM with one outlier channel (the embedding LayerNorm's weight of channel 308 multiplied by `scale`), saved
+    with its tokenizer. A reduced path passes the floor on the ids spread over the vocabulary that auto times (what
+    its accuracy was once checked on), and misses it on the built-in English sentences read by MiniLM's own
+    tokenizer: runtime="auto" at precision "fastest" refuses it, saying its cosine, and runs float32, which answers
+    as plain PyTorch. The path is scripted fastest (the clock: tests/conftest.py). int8 is ONNX Runtime holding the
+    weights; bf16 is OpenVINO's path with PyTorch's bf16 standing in for its engine (this check is about the text,
+    and OpenVINO computes bf16 only on CPUs that multiply it: PyTorch rounds to bf16 on any)."""
+    pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
+    from transformers import AutoTokenizer
+
+    from hf_vanilla import VanillaEncoderModel
+    from hf_vanilla.runtimes import auto, choice
+    from hf_vanilla.runtimes.accuracy import lowest_cosine
+    from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
+    from numerics import assert_close
+
+    graphs, folder = tmp_path / "graphs", tmp_path / "outlier"
+    outlier = VanillaEncoderModel.from_pretrained(_converted(minilm_path)).eval()
+    with torch.no_grad():
+        outlier.encoder.embeddings.norm.weight[308] *= scale
+    outlier.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    tokenizer.save_pretrained(folder)
+
+    def load():
+        return VanillaEncoderModel.from_pretrained(folder).eval()
+
+    if reduced == "openvino bf16":
+        monkeypatch.setattr(auto, "bf16_is_fast", lambda: True)
+        apply = auto._apply
+        monkeypatch.setattr(auto, "_apply", lambda model, runtime, precision="f32", **options: model.to(
+            torch.bfloat16) if precision == "bf16" else apply(model, runtime, precision=precision, **options))
+
+        def reduce(model):
+            return model.to(torch.bfloat16)
+    else:
+        def reduce(model):
+            return use_onnx_runtime(model, cache_dir=graphs, owned=True, precision="int8")
+    # One engine of each precision (OpenVINO's float32 and int8 paths would only make the test slower).
+    monkeypatch.setattr(auto, "missing", lambda path: [] if path.runtime is None or path.name in (
+        "onnxruntime", reduced) else ["left out by the test"])
+    monkeypatch.setattr(choice, "CHOICE", "engine")
+    padded = auto.requests(outlier.config)["padded"]
+    with torch.inference_mode():
+        made_up = lowest_cosine(reduce(load())(**padded).last_hidden_state, outlier(**padded).last_hidden_state,
+                                padded["attention_mask"])
+    assert made_up >= auto.ACCURACY_FLOOR, f"the outlier no longer passes on made-up ids ({made_up:.4f})"
+    monkeypatch.setattr(choice, "CHOICE", "measure")
+
+    monkeypatch.setattr(auto, "ROUNDS", 1)
+    monkeypatch.setattr(auto, "BUDGET_S", 0.0)
+    monkeypatch.setattr(auto, "saturated", lambda: None)
+    original = auto.runner
+
+    def runner(model, path, inputs):  # the reduced path 1 ms a call, float32 ONNX Runtime 3 ms, PyTorch 1 s
+        call = original(model, path, inputs)
+        cost = {reduced: 0.001, "onnxruntime": 0.003}.get(path.name, 1.0)
+        return lambda: (scripted_clock.advance(cost), call())[1]
+    monkeypatch.setattr(auto, "runner", runner)
+    model = VanillaEncoderModel.from_pretrained(folder, runtime="auto", runtime_options={
+        "precision": "fastest", "cache_dir": graphs})
+    chosen = auto.auto_choice(model)
+    report = f"{reduced}: {chosen.accuracy.get(reduced)} on real text, {made_up:.4f} on made-up ids"
+    assert chosen.runtime == "onnxruntime" and chosen.accuracy[reduced] < auto.ACCURACY_FLOOR, report
+    assert chosen.left_out[reduced].startswith("lowest token cosine"), chosen.left_out
+    assert "128 built-in English sentences, tokenized by" in chosen.left_out[reduced]
+    batch = tokenizer(["The river rose by two metres overnight.", "Prices fell."], padding=True, return_tensors="pt")
+    real = batch["attention_mask"].bool()
+    with torch.inference_mode():
+        assert_close(model(**batch).last_hidden_state[real], outlier(**batch).last_hidden_state[real])

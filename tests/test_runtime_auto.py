@@ -3,15 +3,22 @@
 - the path whose scripted calls are fastest is the one attached, whichever it is, and the model answers within the
   float32 rule of plain PyTorch; the per-size decisions of the measured requests are kept on its engine;
 - the decision is kept in a file under the graph cache folder and a second load measures nothing; another CPU (flags
-  scripted), another version or another thread count measures again; a damaged or foreign file is ignored with a
-  warning and rewritten, never trusted;
+  scripted), another version, another thread count or dtype measures again, and at "fastest" other weights too; a
+  damaged or foreign file, a named pipe, a folder or a huge file in its place is ignored with a warning and measured
+  again, never trusted, never blocking; so is a kept path that refuses the model;
+- a decision within the noise is measured again once, then settled (the path with fewer restrictions where the two
+  disagree); `auto_choice` says the margin;
 - paths whose packages are missing are not candidates; bf16 only where the CPU multiplies it natively; int8 and bf16
-  only with `precision="fastest"` and at the accuracy floor or above;
-- `from_pretrained(path, runtime="auto")`; bad options refused with a one-line error.
+  only with `precision="fastest"` and at the accuracy floor or above, on the sample's text, not on made-up ids (the
+  real-weights case: tests/test_precision.py);
+- `from_pretrained(path, runtime="auto")`; bad options refused with a one-line error; a bf16 model refused naming
+  the fix.
 """
 
 import itertools
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -28,6 +35,7 @@ from hf_vanilla.runtimes.choice import key_of, runtime_choices
 
 pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
 from hf_vanilla.runtimes import auto  # noqa: E402
+from hf_vanilla.runtimes.accuracy import sample_batches  # noqa: E402
 
 SATURATED = auto.saturated  # the autouse fixture below scripts it
 
@@ -57,7 +65,7 @@ def shared_graphs(tmp_path_factory):
 def graphs(shared_graphs):
     """One graph folder for the module (each graph exported once), without the decisions of other tests."""
     for kept in shared_graphs.glob("auto-*.json"):
-        kept.unlink()
+        kept.rmdir() if kept.is_dir() else kept.unlink()
     return shared_graphs
 
 
@@ -94,6 +102,35 @@ def engine_of(model):
 def batch():
     ids = torch.tensor([[5, 8, 13, 21, 34, 55, 89, 3, 7, 9, 11], [4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0]])
     return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+def sample_of(*rows):
+    """A tokenized sample of the tiny model's ids: one batch, rows right-padded with 0."""
+    lengths = torch.tensor([len(row) for row in rows])
+    ids = torch.tensor([list(row) + [0] * (int(lengths.max()) - len(row)) for row in rows])
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
+
+
+PLAIN = sample_of(range(10, 40), range(46, 60), range(60, 90, 2))  # no 45
+OUTLIER = 45  # an id the scripted int8 path answers badly
+
+
+def wrong_at(monkeypatch, name, token):
+    """`name`'s answers turned away from the true ones at every `token` (the scripted loss of a reduced path on one
+    kind of token, as an outlier channel loses on real text's frequent tokens)."""
+    original = auto.runner
+
+    def runner(model, path, inputs):
+        call = original(model, path, inputs)
+        if path.name != name:
+            return call
+
+        def run():
+            hidden = call().clone()
+            hidden[inputs["input_ids"] == token] *= -1
+            return hidden
+        return run
+    monkeypatch.setattr(auto, "runner", runner)
 
 
 def answers_as_pytorch(model, plain):
@@ -200,8 +237,7 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
     another key is never trusted: a warning, a new measurement, a rewritten file."""
     model = model_of()
     kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
-    record = {"runtime": "onnxruntime", "precision": "f32", "times_ms": {}, "engine_ms": {}, "accuracy": {},
-              "left_out": {}, "measured_s": 1.0, "cpu": {}}
+    record = kept_record("onnxruntime")
     if damage == "wrong path":
         damage = json.dumps({"format": auto.FORMAT, "key": kept.stem[5:],
                              "choice": dict(record, runtime="../../etc/passwd")}).encode()
@@ -215,6 +251,134 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
     assert calls and auto.auto_choice(model).runtime == "onnxruntime"
     assert json.loads(kept.read_text())["choice"]["runtime"] == "onnxruntime"
     assert auto._read(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
+
+
+def kept_record(runtime: str) -> dict:
+    """The fields of a kept decision naming `runtime`, as use_auto writes them."""
+    return {"runtime": runtime, "precision": "f32", "times_ms": {}, "engine_ms": {}, "accuracy": {}, "sample": "",
+            "left_out": {}, "measured_s": 1.0, "cpu": {}, "margin": 2.0, "settled": True}
+
+
+def within(seconds: float):
+    """Run the block, failing it (not the whole run) where it takes longer than `seconds`: a read that blocks."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    class Limit:
+        def __enter__(self):
+            self.previous = signal.signal(signal.SIGALRM, expired)
+            signal.alarm(seconds)
+
+        def __exit__(self, *exc):
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, self.previous)
+    return Limit()
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("nested brackets", r"RecursionError"),
+    ("oversized", r"OSError: .*bytes"),
+    ("named pipe", r"OSError: a named pipe, not a regular file"),
+    ("folder", r"OSError: a folder, not a regular file"),
+    ("not utf-8", r"UnicodeDecodeError"),
+])
+def test_a_decision_file_of_another_kind_is_ignored_never_hanging(kind, says, graphs, scripted_clock, monkeypatch):
+    """100,000 nested brackets (which json cannot parse without recursing too deep), a file larger than a decision
+    is, a named pipe (whose read would wait for a writer forever: it is not opened), a folder, bytes that are not
+    text, in the decision's place: each ignored with a warning saying what it is, and measured again; the model
+    answers as plain PyTorch. The pipe and the bytes are replaced by the new decision; a folder is left, and the
+    decision kept by this process only."""
+    model, plain = model_of(), model_of()
+    kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
+    if kind == "nested brackets":
+        kept.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "oversized":
+        kept.write_bytes(b" " * (auto.MAX_DECISION_BYTES + 1))
+    elif kind == "named pipe":
+        os.mkfifo(kept)
+    elif kind == "folder":
+        kept.mkdir()
+    else:
+        kept.write_bytes(b"\xff\xfe\xfd")
+    calls = []
+    scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001}, calls)
+    with within(120), pytest.warns(UserWarning, match=rf"ignored the kept decision .*\({says}.*measuring again"):
+        auto.use_auto(model, cache_dir=graphs)
+    chosen = auto.auto_choice(model)
+    assert calls and chosen.runtime == "onnxruntime"
+    answers_as_pytorch(model, plain)
+    if kind == "folder":
+        assert kept.is_dir() and chosen.file is None
+    else:
+        assert auto._read(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
+
+
+@pytest.mark.parametrize("how", ["refuses the model", "fails to import"])
+def test_a_kept_path_that_cannot_run_the_model_is_ignored(how, graphs, scripted_clock, monkeypatch):
+    """A kept decision naming OpenVINO for an encoder-decoder, which it refuses (a file written by hand, or by another
+    version), or naming an engine whose installation is broken: a warning naming the refusal, a new measurement, a
+    rewritten file; the next load reads that, and never fails on the old one."""
+    pytest.importorskip("openvino")
+    if how == "refuses the model":
+        config = VanillaSeq2SeqConfig(vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1,
+                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                      decoder_ffn_dim=64)
+        torch.manual_seed(0)
+        make, refusal = lambda: VanillaSeq2SeqModel(config).eval(), r"encoder-decoder"
+    else:
+        original = auto._apply
+
+        def broken(model, runtime, **options):
+            if runtime == "openvino":
+                raise ImportError("libopenvino.so.2540: cannot open shared object file")
+            return original(model, runtime, **options)
+        monkeypatch.setattr(auto, "_apply", broken)
+        make, refusal = model_of, r"libopenvino"
+    model = make()
+    kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
+    kept.write_text(json.dumps({"format": auto.FORMAT, "key": kept.stem[5:], "choice": kept_record("openvino")}))
+    calls = []
+    scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.1, "pytorch": 0.3}, calls)
+    with pytest.warns(UserWarning, match=rf"ignored the kept decision .*\(openvino refused this model: .*{refusal}.*"
+                                         rf"measuring again"):
+        auto.use_auto(model, cache_dir=graphs)
+    assert calls and auto.auto_choice(model).runtime == "onnxruntime" and "openvino" in auto.auto_choice(model).left_out
+    assert json.loads(kept.read_text())["choice"]["runtime"] == "onnxruntime"
+    calls.clear()
+    again = auto.use_auto(make(), cache_dir=graphs)
+    assert calls == [] and auto.auto_choice(again).cached and auto.auto_choice(again).runtime == "onnxruntime"
+
+
+def test_a_decision_within_the_noise_is_measured_again_once(graphs, scripted_clock, monkeypatch):
+    """ONNX Runtime fed the weights 2.5% faster than holding them: chosen, its margin (1.025) said, not settled. The
+    next load measures again and reads the reverse: within the noise both times, so the path with fewer restrictions
+    (fed the weights) is kept, settled; the third load measures nothing. A clear winner is settled at once."""
+    costs = {"onnxruntime": 0.1, "onnxruntime owned": 0.1025}
+    calls = []
+    monkeypatch.setattr(auto, "missing", lambda path: ["openvino"] if path.runtime == "openvino" else [])
+    scripted(monkeypatch, scripted_clock, costs, calls)
+    first = auto.auto_choice(auto.use_auto(model_of(), cache_dir=graphs))
+    assert first.runtime == "onnxruntime" and first.margin == pytest.approx(1.025) and not first.settled
+    assert not json.loads(open(first.file).read())["choice"]["settled"]
+
+    costs.update({"onnxruntime": 0.1025, "onnxruntime owned": 0.1})
+    calls.clear()
+    model, plain = auto.use_auto(model_of(), cache_dir=graphs), model_of()
+    second = auto.auto_choice(model)
+    assert calls and not second.cached and second.settled
+    assert second.runtime == "onnxruntime" and engine_of(model) == "OnnxEncoder"
+    assert second.margin == pytest.approx(0.1 / 0.1025)
+    answers_as_pytorch(model, plain)
+
+    calls.clear()
+    third = auto.auto_choice(auto.use_auto(model_of(), cache_dir=graphs))
+    assert calls == [] and third.cached and third.runtime == "onnxruntime" and third.settled
+
+    for kept in graphs.glob("auto-*.json"):
+        kept.unlink()
+    costs.update({"onnxruntime": 0.1, "onnxruntime owned": 0.3})
+    clear = auto.auto_choice(auto.use_auto(model_of(), cache_dir=graphs))
+    assert clear.runtime == "onnxruntime" and clear.margin == pytest.approx(3.0) and clear.settled
 
 
 def test_an_encoder_decoder_runs_where_its_encoder_can(graphs, scripted_clock, monkeypatch):
@@ -278,19 +442,80 @@ def test_reduced_precision_only_when_asked_and_at_the_accuracy_floor(graphs, scr
     assert all(path.precision == "f32" for path in auto._candidates("f32")[0])
 
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
-    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs)
+    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime owned int8" and vars(model)["forward"].precision == "int8"
     assert "bf16_is_fast" in chosen.left_out["openvino bf16"]
     assert 0.9 < chosen.accuracy["onnxruntime owned int8"] <= 1.0
+    assert chosen.sample == "1 tokenized batch given (59 tokens)"
 
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", 1.5)
     for kept in graphs.glob("auto-*.json"):
         kept.unlink()
-    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs)
+    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime"
     assert chosen.left_out["onnxruntime owned int8"].startswith("lowest token cosine")
+
+
+def test_the_floor_is_checked_on_the_samples_text(graphs, scripted_clock, monkeypatch):
+    """An int8 path scripted wrong at one id only (as an outlier channel loses on real text's frequent tokens, which
+    ids spread over the vocabulary do not weigh): chosen on a sample without that id, refused on one with it, where
+    float32 runs and answers as plain PyTorch; the two samples are two decisions."""
+    monkeypatch.setattr(auto, "bf16_is_fast", lambda: False)
+    monkeypatch.setattr(auto, "missing", lambda path: ["openvino"] if path.runtime == "openvino" else [])
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001, "onnxruntime": 0.003})
+    wrong_at(monkeypatch, "onnxruntime owned int8", OUTLIER)
+    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    assert auto.auto_choice(model).runtime == "onnxruntime owned int8"
+
+    with_outlier = [PLAIN, sample_of([2, 3, OUTLIER, 5, 6])]
+    model, plain = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=with_outlier), model_of()
+    chosen = auto.auto_choice(model)
+    assert chosen.runtime == "onnxruntime" and not chosen.cached and chosen.accuracy["onnxruntime owned int8"] < 0
+    assert chosen.left_out["onnxruntime owned int8"].startswith("lowest token cosine -1.0000 < 0.984 on 2 tokenized")
+    answers_as_pytorch(model, plain)
+    assert len(list(graphs.glob("auto-*.json"))) == 2
+
+
+def test_fastest_without_text_to_check_on_measures_float32_only(graphs, scripted_clock, monkeypatch):
+    """A model with no tokenizer saved beside it and no sample: no reduced path (nothing real to check it on), a
+    warning naming the fix; texts without a tokenizer are refused so."""
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001, "onnxruntime": 0.003})
+    with pytest.warns(UserWarning, match=r"float32 paths only: no tokenizer saved with the model.*'sample'"):
+        model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs)
+    chosen = auto.auto_choice(model)
+    assert chosen.runtime == "onnxruntime" and "no tokenizer" in chosen.left_out["onnxruntime owned int8"]
+    assert all(auto.BY_NAME[name].precision == "f32" for name in chosen.times_ms)
+    with pytest.raises(ValueError, match=r"sample texts are tokenized by the model's own tokenizer.*tokenized batches"):
+        auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=["A sentence of real text."])
+
+
+def test_fastest_reads_the_built_in_sentences_with_the_tokenizer_saved_beside(graphs, scripted_clock, monkeypatch,
+                                                                              tmp_path):
+    """from_pretrained of a folder holding a tokenizer: the built-in English sentences, tokenized by it, are the
+    sample; texts given are tokenized by it too."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_vanilla.runtimes.accuracy import SENTENCES
+
+    words = sorted({word for sentence in SENTENCES for word in sentence.lower().split()})[:95]
+    vocabulary = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3} | {word: 4 + i for i, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(tmp_path)
+    model_of().save_pretrained(tmp_path)
+    monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001})
+    model = VanillaEncoderModel.from_pretrained(tmp_path, runtime="auto",
+                                                runtime_options={"cache_dir": graphs, "precision": "fastest"})
+    chosen = auto.auto_choice(model)
+    assert chosen.runtime == "onnxruntime owned int8"
+    assert chosen.sample == f"{len(SENTENCES)} built-in English sentences, tokenized by {str(tmp_path)!r}'s tokenizer"
+    model = VanillaEncoderModel.from_pretrained(tmp_path, runtime="auto", runtime_options={
+        "cache_dir": graphs, "precision": "fastest", "sample": ["the bridge was closed", "rain fell"]})
+    assert auto.auto_choice(model).sample.startswith("2 texts given, tokenized by")
 
 
 def test_from_pretrained_runtime_auto(graphs, scripted_clock, monkeypatch, tmp_path):
@@ -305,12 +530,29 @@ def test_from_pretrained_runtime_auto(graphs, scripted_clock, monkeypatch, tmp_p
         assert_close(model(**batch()).logits, plain(**batch()).logits)
 
 
-@pytest.mark.parametrize("options, message", [({"precision": "int8"}, r"precision='int8' is not one of"),
-                                              ({"threads": 0}, r"threads=0 must be"),
-                                              ({"threads": 2.5}, r"threads=2.5 must be")])
-def test_bad_options_are_refused(options, message, graphs):
+@pytest.mark.parametrize("options, message", [
+    ({"precision": "int8"}, r"precision='int8' is not one of"),
+    ({"threads": 0}, r"threads=0 must be"),
+    ({"threads": 2.5}, r"threads=2.5 must be"),
+    ({"cache_dir": 5}, r"use_auto: cache_dir=5 is not accepted; it takes a folder's path"),
+    ({"sample": "one text"}, r"sample='one text' is not accepted; it takes a non-empty list of texts"),
+    ({"sample": []}, r"sample=\[\] is not accepted"),
+    ({"sample": [{"input_ids": torch.tensor([[1, 2, 99]])}]}, r"ids from 1 to 99.*vocabulary has 99"),
+    ({"sample": [{"input_ids": torch.tensor([[1, 2]]), "labels": torch.tensor([1])}]}, r"has keys .*labels"),
+    ({"sample": [{"input_ids": torch.ones(1, 65, dtype=torch.long)}]}, r"1 to 64 tokens a row"),
+    ({"sample": [{"input_ids": torch.tensor([[1.5]])}]}, r"input_ids is torch.float32"),
+    ({"sample": [{"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[0, 0]])}]},
+     r"a real token in every row"),
+    ({"sample": ["text", {"input_ids": torch.tensor([[1]])}]}, r"sample mixes texts and other things"),
+])
+def test_bad_options_are_refused(options, message, graphs, tmp_path):
+    """Each refused with a one-line ValueError naming the option, before anything is measured; the same through
+    from_pretrained (cache_dir=5 was a TypeError from pathlib)."""
     with pytest.raises(ValueError, match=message):
-        auto.use_auto(model_of(), cache_dir=graphs, **options)
+        auto.use_auto(model_of(), **{"cache_dir": graphs} | options)
+    model_of().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        VanillaEncoderModel.from_pretrained(tmp_path, runtime="auto", runtime_options={"cache_dir": graphs} | options)
 
 
 def test_training_is_refused(graphs):
@@ -318,13 +560,59 @@ def test_training_is_refused(graphs):
         auto.use_auto(model_of().train(), cache_dir=graphs)
 
 
-def test_the_key_is_the_models_shape_not_its_weights():
-    """Two models of one architecture share a decision; another width does not."""
+def test_the_key_is_the_models_shape_and_at_fastest_its_weights():
+    """At float32 two models of one architecture share a decision (the timing is the architecture's); another width
+    or dtype does not. At "fastest" the weights and the sample are in the key too: a reduced precision's accuracy is
+    theirs."""
     paths = list(auto.PATHS[:2])
     one, two = (auto.decision_key(model_of(seed=seed), "f32", 2, paths) for seed in (0, 1))
     wider = auto.decision_key(VanillaEncoderModel(VanillaEncoderConfig(**dict(CONFIG, hidden_size=64))).eval(),
                               "f32", 2, paths)
-    assert one == two != wider
+    bf16 = auto.decision_key(model_of().to(torch.bfloat16), "f32", 2, paths)
+    assert one == two != wider and bf16 != one
+    batches = sample_batches(model_of(), PLAIN)[0]
+    fastest = {seed: auto.decision_key(model_of(seed=seed), "fastest", 2, paths, batches) for seed in (0, 1)}
+    assert fastest[0] != fastest[1] and fastest[0] == auto.decision_key(model_of(), "fastest", 2, paths, batches)
+    edited = model_of()
+    with torch.no_grad():
+        edited.encoder.embeddings.norm.weight[7] *= 20  # one channel: an outlier
+    assert auto.decision_key(edited, "fastest", 2, paths, batches) != fastest[0]
+    other = sample_batches(model_of(), sample_of([1, 2, 3]))[0]
+    assert auto.decision_key(model_of(), "fastest", 2, paths, other) != fastest[0]
+
+
+def test_a_fastest_decision_is_measured_again_for_other_weights(graphs, scripted_clock, monkeypatch):
+    """A kept "fastest" decision serves the same weights only: a fine-tune of the architecture is checked anew."""
+    monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
+    calls = []
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001}, calls)
+    auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    calls.clear()
+    assert auto.auto_choice(auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)).cached
+    assert calls == []
+    other = auto.use_auto(model_of(seed=1), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    assert calls and not auto.auto_choice(other).cached and len(list(graphs.glob("auto-*.json"))) == 2
+
+
+def test_a_bfloat16_model_is_refused_naming_the_fix(graphs, scripted_clock, monkeypatch, tmp_path):
+    """Loaded in bf16 with runtime="auto": a ValueError naming dtype=torch.float32 and runtime=None, before anything
+    is measured, also where a float32 load of the same model kept a decision (whose engine reads float32 weights),
+    and never a model that loads and then fails at every call."""
+    scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001})
+    model_of(VanillaEncoderForSequenceClassification).save_pretrained(tmp_path)
+    kept = VanillaEncoderForSequenceClassification.from_pretrained(tmp_path, runtime="auto",
+                                                                   runtime_options={"cache_dir": graphs})
+    assert auto.auto_choice(kept).runtime == "onnxruntime"
+    for options in ({"cache_dir": graphs}, {"cache_dir": graphs, "precision": "fastest"}):
+        with pytest.raises(ValueError, match=r"runtime='auto' measures a float32 model on the CPU, and .* is "
+                                             r"torch.bfloat16 on cpu: load it with dtype=torch.float32 .* or with "
+                                             r"runtime=None"):
+            VanillaEncoderForSequenceClassification.from_pretrained(tmp_path, dtype=torch.bfloat16, runtime="auto",
+                                                                    runtime_options=options)
+    model = model_of().to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"dtype=torch.float32"):
+        auto.use_auto(model, cache_dir=graphs)
+    assert engine_of(model) is None and auto.auto_choice(model) is None
 
 
 @pytest.mark.parametrize("flags, vendor, expected", [

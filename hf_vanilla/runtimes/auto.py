@@ -41,25 +41,46 @@ attached to the model, and the per-size decisions of the two requests are kept (
 sizes are measured by the engine as they come, as with any runtime.
 
 The accuracy rule of `precision="fastest"`. A path below float32 (int8, bf16) is a candidate only where its lowest
-per-token cosine against float32 PyTorch, at the real tokens of the padded request, is at least `ACCURACY_FLOOR`:
-0.984, what CTranslate2's int8 reaches on MiniLM's 256 Lee sentences (tests/test_precision.py), the most accurate of
-the int8 engines users compare with (ONNX Runtime's own quantizer as it comes: 0.968). Float32 paths answer within
+per-token cosine against float32 PyTorch, on real text run through the model's own weights, is at least
+`ACCURACY_FLOOR`: 0.984, what CTranslate2's int8 reaches on MiniLM's 256 Lee sentences (tests/test_precision.py), the
+most accurate of the int8 engines users compare with (ONNX Runtime's own quantizer as it comes: 0.968). The text is
+`sample` (hf_vanilla/runtimes/accuracy.py): by default 128 English sentences shipped with the package, tokenized by
+the model's own tokenizer; a user's texts or tokenized batches otherwise. A model without a tokenizer and without a
+sample gets no reduced path (a warning says how to give one): ids spread over the vocabulary, as the timed requests
+are, do not reach the tokens where a reduced precision loses most (a model with an outlier channel passed on them
+and missed the floor on real text). The engine answers every batch of the sample itself. Float32 paths answer within
 the float32 rule of PyTorch (each engine checks its graph at attach).
 
 Kept. The decision is written to `auto-<key>.json` in the graph cache folder (runtimes/cache.py: `cache_dir`, else
 $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx), atomically; the key hashes the model's structure (classes,
-shapes, config), the CPU (model name, vendor, flags), the thread count, the precision, the candidate paths, and the
-versions of torch, transformers, onnxruntime, openvino and hf_vanilla. A second load finds it and attaches the chosen
-engine without measuring. A decision measured while the machine was saturated (`saturated`: a load average above
-the cores this process may use) serves its process only and is not written. To measure again, remove the file
-(`auto_choice(model).file`). A file that cannot be read, is not JSON, or says anything unexpected is ignored with a
-warning and measured again (and rewritten); it is never trusted.
+shapes, config) and dtype, the CPU (model name, vendor, flags), the thread count, the precision, the candidate
+paths, and the versions of torch, transformers, onnxruntime, openvino and hf_vanilla; at `precision="fastest"` also
+the weights (sha256 of the encoder's tensors, about 0.1 s per 100 MB) and the sample's tokens, since a
+reduced precision's accuracy is theirs: other weights of one architecture (a fine-tune) are checked anew, where the
+float32 paths' timing is the architecture's and shared. A second load finds it and attaches the chosen engine
+without measuring. A decision measured while the machine was saturated (`saturated`: a load average above the cores
+this process may use) serves its process only and is not written. To measure again, remove the file
+(`auto_choice(model).file`). A file that is not a regular file (a named pipe, a folder: never opened), is larger than
+`MAX_DECISION_BYTES`, cannot be read, is not JSON, or says anything unexpected is ignored with a warning and measured
+again (and rewritten); it is never trusted. So is a kept path that refuses the model when put on it.
+
+How sure. `margin` is how much slower the next fastest path measured than the one chosen (1.30: 30% slower). A
+margin under `NOISE` (5%) may be one measurement's noise (loads of MiniLM on one machine chose OpenVINO six times
+and ONNX Runtime twice before the medians): such a decision is kept unsettled, and the next load measures again,
+once; where the two measurements disagree within the noise, the path with fewer restrictions (earlier in `PATHS`)
+is kept. Either way it is then settled.
+
+What it takes. A float32 model on the CPU: a model loaded in bf16 is refused, naming the fix (`dtype=torch.float32`,
+of which `precision="fastest"` measures the bf16 forms where they are faster and accurate enough, or `runtime=None`
+to run it in bf16 on PyTorch); an engine would answer it in float32, which its head cannot take.
 
 What it costs. The measurement holds a copy of the model per engine path (the engines holding weights take their
-copy's), freed after: where memory is tight, name the engine. The chosen engine's rules are the model's (a held
-engine refuses training and edits it cannot follow: docs/deploy.md); a user who edits weights between calls or
-trains names `runtime="onnxruntime"` (fed the weights) or none. `runtime=None` stays eager PyTorch: auto measures
-for seconds and may hand the weights to an engine, which an existing caller did not ask for.
+copy's), freed after: where memory is tight, name the engine. `precision="fastest"` also runs the sample (the
+built-in one: some 3,200 tokens) once through float32 PyTorch and once through each reduced path, and hashes the
+weights at every load. The chosen engine's rules are the model's (a held engine refuses training and edits it
+cannot follow: docs/deploy.md); a user who edits weights between calls or trains names `runtime="onnxruntime"` (fed
+the weights) or none. `runtime=None` stays eager PyTorch: auto measures for seconds and may hand the weights to an
+engine, which an existing caller did not ask for.
 """
 
 import copy
@@ -72,6 +93,7 @@ import json
 import logging
 import math
 import os
+import stat
 import statistics
 import sys
 import time
@@ -83,8 +105,10 @@ import transformers
 
 from .. import measure
 from ..precision import bf16_is_fast, cpu_capabilities, cpu_flags, cpu_name, cpu_vendor
+from .accuracy import digest, lowest_cosine, sample_batches
 from .attached import take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
+from .options import checked
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +127,7 @@ def _apply(model, runtime: str, **options):
         from .openvino import use_openvino as use
     return use(model, **options)
 
-FORMAT = 2  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
+FORMAT = 3  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
 BUDGET_S = 2.0  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
@@ -114,6 +138,8 @@ BLOCK = 3  # timed calls of the padded batch per block, after its first (not tim
 WARM_CALLS = 40  # untimed calls of each path and request at most, until PyTorch's kernels are chosen
 TIE = 1.02  # a path this close to the fastest, earlier in PATHS, is preferred
 ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (the module docstring)
+NOISE = 1.05  # a chosen path whose runner-up measured within this factor is measured again once (the docstring)
+MAX_DECISION_BYTES = 1 << 20  # a kept decision is a few kilobytes: a larger file is not one this code wrote
 PRECISIONS = ("f32", "fastest")
 
 
@@ -154,9 +180,12 @@ class AutoChoice:
     times_ms: dict  # path -> {"short": ms, "padded": ms}, each as the per-size choice would run it
     engine_ms: dict  # path -> {"short": ms, "padded": ms} of the engine's own path (PyTorch's under "pytorch")
     accuracy: dict  # reduced-precision path -> lowest token cosine against float32 (ACCURACY_FLOOR: the rule)
+    sample: str  # the text the reduced paths were checked on ("": float32 paths only)
     left_out: dict  # path -> why it was not a candidate (not installed, refused this model, below the floor)
     measured_s: float  # seconds the measurement took when it was made (attach and timing)
     cpu: dict  # the CPU it was measured on: its name and capabilities (hf_vanilla.precision.cpu_capabilities)
+    margin: float | None  # the next fastest path's time over the chosen one's (None: nothing else measured)
+    settled: bool  # False: the margin was within NOISE, and the next load measures again once
     cached: bool  # True where this process read the decision from the file instead of measuring
     file: str | None  # the JSON file the decision is kept in (None: no writable cache folder)
 
@@ -166,43 +195,64 @@ def missing(path: Path) -> list:
     return [package for package in path.packages if importlib.util.find_spec(package) is None]
 
 
-def use_auto(model, precision: str = "f32", threads: int | None = None, cache_dir=None):
-    """Run `model` (a vanilla model in eval mode) on the path measured fastest for it here (the module docstring),
-    and return it. `precision`: "f32" (float32 paths only, the default) or "fastest" (int8 and bf16 paths too, at
-    the accuracy rule's floor or above). `threads`: the engines' (default torch's `get_num_threads()`). `cache_dir`:
-    where graphs and the decision are kept. Calling it again (another thread count, a new version) measures again
-    where the kept decision does not apply. `auto_choice(model)` says what was chosen."""
+def use_auto(model, precision: str = "f32", threads: int | None = None, cache_dir=None, sample=None):
+    """Run `model` (a vanilla model in eval mode, float32 on the CPU) on the path measured fastest for it here (the
+    module docstring), and return it. `precision`: "f32" (float32 paths only, the default) or "fastest" (int8 and
+    bf16 paths too, at the accuracy rule's floor or above). `threads`: the engines' (default torch's
+    `get_num_threads()`). `cache_dir`: where graphs and the decision are kept. `sample`: the text "fastest" checks
+    accuracy on (hf_vanilla/runtimes/accuracy.py: texts, or tokenized batches; None: the built-in sentences). Calling
+    it again (another thread count, a new version) measures again where the kept decision does not apply.
+    `auto_choice(model)` says what was chosen."""
     if precision not in PRECISIONS:
         raise ValueError(f"use_auto: precision={precision!r} is not one of {PRECISIONS}: 'f32' measures the float32 "
                          f"paths, 'fastest' also int8 and bf16 at no lower accuracy than the int8 engines'.")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"use_auto: threads={threads!r} must be a whole number of threads, 1 or more.")
+    checked("use_auto", precision, PRECISIONS, threads, cache_dir)  # cache_dir, as every runtime checks it
     if model.training:
         raise ValueError("runtime='auto' runs inference only: call model.eval() first.")
+    _refuse_other_dtypes(model)
+    batches, text = sample_batches(model, sample) if sample is not None or precision == "fastest" else (None, "")
     take_off(model)
     threads = threads or torch.get_num_threads()
     paths, left_out = _candidates(precision)
+    if precision != "fastest":  # a sample given is read (a wrong one refused) and not needed
+        batches, text = None, ""
+    elif batches is None:  # nothing to check a reduced path's accuracy on
+        warnings.warn(f"runtime='auto' with precision='fastest' measures the float32 paths only: {text}.",
+                      stacklevel=2)
+        left_out |= {path.name: text for path in paths if path.precision != "f32"}
+        paths = [path for path in paths if path.precision == "f32"]
     if len(paths) == 1:  # PyTorch alone: nothing to measure, nothing to keep
-        _CHOICES[model] = AutoChoice("pytorch", precision, {}, {}, {}, left_out, 0.0, _cpu(), False, None)
+        _CHOICES[model] = AutoChoice("pytorch", precision, {}, {}, {}, "", left_out, 0.0, _cpu(), None, True, False,
+                                     None)
         logger.info("runtime='auto': eager PyTorch (no engine installed: %s)", "; ".join(left_out.values()))
         return model
-    file = _decision_file(model, precision, threads, paths, cache_dir)
+    file = _decision_file(model, precision, threads, paths, cache_dir, batches)
     kept = _read(file, paths)
-    if kept is not None:
-        record = AutoChoice(**kept, cached=True, file=str(file))
-        logger.info("runtime='auto': %s, as measured before (%s)", record.runtime, file)
-    else:
-        record = _measure(model, precision, threads, cache_dir, paths, left_out)
+    kept = None if kept is None else AutoChoice(**kept, cached=True, file=str(file))
+    record = kept if kept is not None and kept.settled else None
+    if record is not None:
+        try:
+            _attach(model, record, threads, cache_dir)
+            logger.info("runtime='auto': %s, as measured before (%s)", record.runtime, file)
+        except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
+            take_off(model)
+            warnings.warn(f"runtime='auto': ignored the kept decision {file} ({record.runtime} refused this model: "
+                          f"{(str(error).splitlines() or [type(error).__name__])[0]}); measuring again.",
+                          stacklevel=2)
+            kept = record = None
+    if record is None:
+        record = _measure(model, precision, threads, cache_dir, paths, left_out, batches, text)
+        if kept is not None:  # an unsettled decision, measured once more
+            record = _settle(kept, record)
         busy = saturated()
         if busy:
             logger.info("runtime='auto': the decision is not kept: the machine was saturated while it measured (%s); "
                         "the next load measures again", busy)
         else:
             record.file = _write(file, record)
-    path = BY_NAME[record.runtime]
-    if path.runtime is not None:
-        _apply(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
-        _keep_sizes(model, record)
+        _attach(model, record, threads, cache_dir)
     _CHOICES[model] = record
     return model
 
@@ -210,6 +260,26 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
 def auto_choice(model) -> AutoChoice | None:
     """What `use_auto` chose for `model` (None: it did not run on this model in this process)."""
     return _CHOICES.get(model)
+
+
+def _attach(model, record: AutoChoice, threads: int, cache_dir) -> None:
+    """Put the engine of `record`'s path on `model`, with the per-size decisions of the measured requests."""
+    path = BY_NAME[record.runtime]
+    if path.runtime is not None:
+        _apply(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
+        _keep_sizes(model, record)
+
+
+def _refuse_other_dtypes(model) -> None:
+    """Refuse a model that is not float32 on the CPU before anything is measured or taken off, naming the fix: the
+    engines answer float32 from it, which a bf16 head cannot take (the module docstring)."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"):
+            raise ValueError(
+                f"runtime='auto' measures a float32 model on the CPU, and {name} is {tensor.dtype} on "
+                f"{tensor.device}: load it with dtype=torch.float32 (runtime_options={{'precision': 'fastest'}} then "
+                f"measures its bf16 and int8 forms too, where they are faster and accurate enough), or with "
+                f"runtime=None to run it as it is on PyTorch.")
 
 
 # ---- candidates -----------------------------------------------------------------------------------------------------
@@ -263,9 +333,9 @@ def runner(model, path: Path, inputs: dict):
     return run
 
 
-def _measure(model, precision, threads, cache_dir, paths, left_out) -> AutoChoice:
-    """Attach each path to its own copy of `model`, check the reduced ones' accuracy, time them all in balanced
-    orders, each request as such requests come (the module docstring), and choose."""
+def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sample) -> AutoChoice:
+    """Attach each path to its own copy of `model`, check the reduced ones' accuracy on `batches` (the sample), time
+    them all in balanced orders, each request as such requests come (the module docstring), and choose."""
     started = time.perf_counter()
     inputs = requests(model.config)
     models = {}
@@ -279,18 +349,19 @@ def _measure(model, precision, threads, cache_dir, paths, left_out) -> AutoChoic
         except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
             left_out[path.name] = str(error).splitlines()[0]
             logger.info("runtime='auto': %s left out: %s", path.name, left_out[path.name])
+    accuracy = _accuracy(models, batches, left_out, sample)
     for name, candidate in models.items():  # the engine's own path on the measured requests
         for request in inputs.values():
             _force_engine(candidate, request)
     runs = {name: {request: runner(candidate, BY_NAME[name], inputs[request]) for request in inputs}
             for name, candidate in models.items()}
-    accuracy = _accuracy(runs, inputs["padded"]["attention_mask"], left_out)
     attached = time.perf_counter() - started
     times = _time(runs)
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
-    chosen = _choose(effective)
-    record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, left_out,
-                        time.perf_counter() - started, _cpu(), False, None)
+    chosen, margin = _choose(effective)
+    record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, sample if accuracy else "",
+                        left_out, time.perf_counter() - started, _cpu(), margin,
+                        margin is None or margin >= NOISE, False, None)
     logger.info("runtime='auto': measured %d paths in %.2f s (%.2f s attaching them, %.2f s timing): %s; ms short / "
                 "padded: %s", len(times), record.measured_s, attached, record.measured_s - attached, chosen,
                 ", ".join(f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in record.times_ms.items()))
@@ -312,21 +383,25 @@ def _force_engine(model, request: dict) -> None:
             decisions.decide(key, True)
 
 
-def _accuracy(runs: dict, mask: torch.Tensor, left_out: dict) -> dict:
-    """The lowest token cosine of each reduced-precision path against float32 PyTorch at the padded request's real
-    tokens; a path below ACCURACY_FLOOR leaves `runs` (the rule of the module docstring)."""
-    reduced = [name for name in runs if BY_NAME[name].precision != "f32"]
+def _accuracy(models: dict, batches: list | None, left_out: dict, sample: str) -> dict:
+    """The lowest token cosine of each reduced-precision path against float32 PyTorch (`models["pytorch"]`, the
+    model itself) at the real tokens of the sample's `batches`, each answered by the path's engine; a path below
+    ACCURACY_FLOOR leaves `models`, its engine taken off (the rule of the module docstring)."""
+    reduced = [name for name in models if BY_NAME[name].precision != "f32"]
     if not reduced:
         return {}
-    real = mask.bool()
-    expected = runs["pytorch"]["padded"]()[real].double()
+    expected = [runner(models["pytorch"], BY_NAME["pytorch"], batch)() for batch in batches]
     accuracy = {}
     for name in reduced:
-        actual = runs[name]["padded"]()[real].double()
-        accuracy[name] = torch.nn.functional.cosine_similarity(actual, expected, dim=-1).min().item()
+        lowest = []
+        for batch, want in zip(batches, expected):
+            _force_engine(models[name], batch)
+            lowest.append(lowest_cosine(runner(models[name], BY_NAME[name], batch)(), want, batch["attention_mask"]))
+        accuracy[name] = float("nan") if any(math.isnan(value) for value in lowest) else min(lowest)
         if not accuracy[name] >= ACCURACY_FLOOR:  # NaN included
-            left_out[name] = f"lowest token cosine {accuracy[name]:.4f} < {ACCURACY_FLOOR}"
-            del runs[name]
+            left_out[name] = f"lowest token cosine {accuracy[name]:.4f} < {ACCURACY_FLOOR} on {sample}"
+            logger.info("runtime='auto': %s left out: %s", name, left_out[name])
+            take_off(models.pop(name))
     return accuracy
 
 
@@ -387,12 +462,40 @@ def _effective(name: str, request: str, times: dict) -> float:
     return times[name][request] if pytorch >= CHOICE_MIN_GAIN * times[name][request] else pytorch
 
 
-def _choose(effective: dict) -> str:
-    """The path of least geometric mean time over the requests, or one earlier in PATHS within TIE of it."""
-    score = {name: math.exp(statistics.fmean(math.log(max(t, 1e-12)) for t in by.values()))
-             for name, by in effective.items()}
+def _choose(effective: dict) -> tuple[str, float | None]:
+    """(the path of least geometric mean time over the requests, or one earlier in PATHS within TIE of it; its
+    `_margin`)."""
+    score = _scores(effective)
     best = min(score.values())
-    return next(path.name for path in PATHS if path.name in score and score[path.name] <= TIE * best)
+    chosen = next(path.name for path in PATHS if path.name in score and score[path.name] <= TIE * best)
+    return chosen, _margin(score, chosen)
+
+
+def _scores(times: dict) -> dict:
+    """{path: geometric mean of its times over the requests}."""
+    return {name: math.exp(statistics.fmean(math.log(max(t, 1e-12)) for t in by.values()))
+            for name, by in times.items()}
+
+
+def _margin(score: dict, chosen: str) -> float | None:
+    """The next fastest path's score over `chosen`'s (None: no other path)."""
+    others = [value for name, value in score.items() if name != chosen]
+    return min(others) / score[chosen] if others else None
+
+
+def _settle(kept: AutoChoice, measured: AutoChoice) -> AutoChoice:
+    """The decision once an unsettled one (`kept`) is measured again: the new measurement's choice where it is sure
+    of it (a margin of NOISE or more) or agrees, else of the two paths the one earlier in PATHS (fewer
+    restrictions); settled either way."""
+    unsure = measured.margin is not None and measured.margin < NOISE
+    order = [path.name for path in PATHS]
+    if unsure and kept.runtime in measured.times_ms and order.index(kept.runtime) < order.index(measured.runtime):
+        logger.info("runtime='auto': %s and %s measured within %.2f of each other twice: %s, which has fewer "
+                    "restrictions", kept.runtime, measured.runtime, NOISE, kept.runtime)
+        measured.runtime = kept.runtime
+        measured.margin = _margin(_scores(measured.times_ms), kept.runtime)
+    measured.settled = True
+    return measured
 
 
 def _ms(times: dict) -> dict:
@@ -433,36 +536,55 @@ def versions() -> dict:
     return found
 
 
-def decision_key(model, precision: str, threads: int, paths: list) -> str:
-    """What the decision depends on, hashed (the module docstring)."""
+def decision_key(model, precision: str, threads: int, paths: list, batches: list | None = None) -> str:
+    """What the decision depends on, hashed (the module docstring); at precision "fastest" the weights and the sample
+    (`batches`) too, on which the reduced paths' accuracy depends."""
     from .watch import structure_of
 
-    meta = {"format": FORMAT, "structure": structure_of(_encoder(model)), "precision": precision,
+    encoder = _encoder(model)
+    meta = {"format": FORMAT, "structure": structure_of(encoder), "precision": precision,
+            "dtype": sorted({str(tensor.dtype) for tensor in [*encoder.parameters(), *encoder.buffers()]
+                             if tensor.is_floating_point()}),
             "threads": threads, "paths": [path.name for path in paths], "versions": versions(),
             "cpu": {"name": cpu_name(), "vendor": cpu_vendor(), "flags": sorted(cpu_flags())},
             "requests": [SHORT, PADDED]}
+    if precision == "fastest":
+        meta |= {"weights": weights_digest(encoder), "sample": None if batches is None else digest(batches)}
     return hashlib.sha256(json.dumps(meta, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
 
-def _decision_file(model, precision, threads, paths, cache_dir):
+def weights_digest(module) -> str:
+    """sha256 of `module`'s tensors: names, dtypes, shapes and bytes (about 1 GB/s)."""
+    found = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        found.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        found.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return found.hexdigest()[:32]
+
+
+def _decision_file(model, precision, threads, paths, cache_dir, batches=None):
     """Where the decision for this model, machine and setting is kept (None: no cache folder)."""
     from .cache import GraphCache
 
     directory = GraphCache(cache_dir).directory
-    return None if directory is None else directory / f"auto-{decision_key(model, precision, threads, paths)}.json"
+    if directory is None:
+        return None
+    return directory / f"auto-{decision_key(model, precision, threads, paths, batches)}.json"
 
 
 def _read(file, paths: list) -> dict | None:
     """The kept decision's fields, or None (absent, or ignored with a warning where it is not one this code wrote)."""
-    if file is None or not file.exists():
+    if file is None:
         return None
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(_bytes(file))
         fields = {field.name for field in dataclasses.fields(AutoChoice)} - {"cached", "file"}
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("key") != file.stem[5:]:
             raise ValueError("not a decision of this version for this key")
         record = data["choice"]
-        if set(record) != fields or record["runtime"] not in {path.name for path in paths}:
+        if not isinstance(record, dict) or set(record) != fields or not isinstance(record["runtime"], str) \
+                or record["runtime"] not in {path.name for path in paths}:
             raise ValueError("fields or path unknown")
         for table in ("times_ms", "engine_ms"):
             if not isinstance(record[table], dict) or not all(
@@ -471,13 +593,47 @@ def _read(file, paths: list) -> dict | None:
                 raise ValueError(f"{table} is not milliseconds per path and request")
         if not isinstance(record["measured_s"], (int, float)) or not all(
                 isinstance(record[table], dict) for table in ("accuracy", "left_out", "cpu")) \
-                or record["precision"] not in PRECISIONS:
+                or record["precision"] not in PRECISIONS or not isinstance(record["sample"], str) \
+                or not isinstance(record["settled"], bool) \
+                or not (record["margin"] is None or isinstance(record["margin"], (int, float))):
             raise ValueError("a field of the wrong type")
         return record
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:  # json's errors are ValueErrors
-        warnings.warn(f"runtime='auto': ignored the kept decision {file} ({type(error).__name__}: {error}); "
-                      f"measuring again.", stacklevel=4)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:  # json's: ValueError
+        warnings.warn(f"runtime='auto': ignored the kept decision {file} ({type(error).__name__}: "
+                      f"{str(error)[:200]}); measuring again.", stacklevel=4)
+        return None
+
+
+def _bytes(file) -> bytes:
+    """The bytes of `file`, read only where it is a regular file of at most MAX_DECISION_BYTES: a named pipe in its
+    place would block the read until something writes into it, a device or a huge file would fill memory. Raises
+    FileNotFoundError where there is none, OSError (saying what it is) where it is not one to read."""
+    kind = os.stat(file).st_mode
+    if not stat.S_ISREG(kind):  # not opened at all
+        raise OSError(f"a {_kinds.get(stat.S_IFMT(kind), 'special file')}, not a regular file")
+    descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # replaced meanwhile:
+    try:  # a pipe opened without blocking, then refused
+        found = os.fstat(descriptor)
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_DECISION_BYTES:
+            raise OSError(f"not a regular file of at most {MAX_DECISION_BYTES} bytes ({found.st_size} bytes)")
+        chunks, size = [], 0
+        while size <= MAX_DECISION_BYTES:
+            chunk = os.read(descriptor, MAX_DECISION_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_DECISION_BYTES:
+            raise OSError(f"more than {MAX_DECISION_BYTES} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
+
+
+_kinds = {stat.S_IFIFO: "named pipe", stat.S_IFDIR: "folder", stat.S_IFCHR: "character device",
+          stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
 
 
 def saturated() -> str | None:
