@@ -13,6 +13,7 @@ from torch import nn
 
 from .kernels import is_tracing
 from .packing import sequence_ids
+from .validation import check_labels
 
 
 class TokenLogits(NamedTuple):
@@ -52,6 +53,20 @@ def token_cross_entropy(logits: TokenLogits, labels):
     if labels is None or logits.real is None:
         return cross_entropy(logits.all, labels)
     return cross_entropy(logits.packed, logits.labels_at_real_tokens(labels))
+
+
+def causal_lm_loss(loss_function, vocab_size, logits: TokenLogits, labels, shift_labels=None):
+    """Next-token cross-entropy (transformers' `loss_function` of a causal LM): position t against labels[t + 1],
+    or against `shift_labels[t]` when the caller shifted them already (as sequence and context parallelism must,
+    each process holding a slice). Over the real tokens' rows alone where `logits` has them."""
+    if labels is None and shift_labels is None:
+        return None
+    check_labels(shift_labels, vocab_size, "vocab_size")
+    shift_labels = next_tokens(labels, shift_labels)
+    scores = logits.all
+    if logits.real is not None:  # (1, N, V) and (1, N): the real tokens alone
+        scores, shift_labels = logits.packed[None], logits.labels_at_real_tokens(shift_labels)[None]
+    return loss_function(scores, None, vocab_size=vocab_size, shift_labels=shift_labels)
 
 
 def cross_entropy(logits, labels):
@@ -131,5 +146,5 @@ def labelled_prefix(labels):
     return (torch.arange(labels.shape[-1], device=labels.device) <= last[:, None]).long()
 
 
-__all__ = ["TokenLogits", "cross_entropy", "labelled_prefix", "next_tokens", "no_cache_for_labels", "reads_padding",
+__all__ = ["TokenLogits", "causal_lm_loss", "cross_entropy", "labelled_prefix", "next_tokens", "no_cache_for_labels", "reads_padding",
            "replaced_token_loss", "shift_tokens_right", "span_logits", "token_cross_entropy", "token_logits"]

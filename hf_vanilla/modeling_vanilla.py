@@ -9,8 +9,9 @@ the encoder-decoder, the decoder alone) and every head BERT and BART have, built
     4. The decoder alone .. `VanillaDecoderModel` and its causal language model
 
 Each head is one declaration in `heads.py` (its Auto class, converter head and export task) plus its class here:
-a few layers on top of a body, and a forward that reads the body's output. Bodies and heads call each other with
-keywords only. Shapes follow `transformer.py`'s key (B, T, S, E, V).
+a few layers on top of a body, a forward that passes its arguments on to the body by name (`_body`) and reads the
+body's output and the batch's plan (packing.BatchPlan) it carries; its losses are in `losses.py`. Shapes follow
+`transformer.py`'s key (B, T, S, E, V).
 """
 
 import copy
@@ -37,8 +38,8 @@ from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .heads import MODELS
 from .kernels import VanillaLinear, is_tracing
 from .losses import (
-    cross_entropy, labelled_prefix, next_tokens, no_cache_for_labels, reads_padding, replaced_token_loss,
-    shift_tokens_right, span_logits, token_cross_entropy, token_logits,
+    causal_lm_loss, cross_entropy, labelled_prefix, next_tokens, no_cache_for_labels, reads_padding,
+    replaced_token_loss, shift_tokens_right, span_logits, token_cross_entropy, token_logits,
 )
 from .packing import FORMAT_KEYWORDS
 from .runtime_registry import apply_runtime
@@ -51,7 +52,6 @@ from .validation import (
 # ----------------------------------------------------------------------------------------------------------------
 # 1. The base
 # ----------------------------------------------------------------------------------------------------------------
-
 
 
 class VanillaPreTrainedModel(PreTrainedModel):
@@ -68,18 +68,17 @@ class VanillaPreTrainedModel(PreTrainedModel):
     # One graph per shape: checks of values and the padding-free path step aside while tracing, and a static cache's
     # length is read from the cache, so `generate` may compile the forward (tests/test_heads.py compiles a step).
     _can_compile_fullgraph = True
-    # Our losses are per-batch means and ignore `num_items_in_batch`. Without this, Trainer sees `**kwargs` in
-    # forward, assumes the loss is already normalised for gradient accumulation and skips dividing by the number of
-    # accumulated steps: every update (and logged loss) would be that many times too large.
+    # Our losses are per-batch means and ignore `num_items_in_batch`. Without this, Trainer (seeing `**kwargs` in
+    # forward) would take the loss as normalised for gradient accumulation: every update that many times too large.
     accepts_loss_kwargs = False
+    body_inputs: tuple[str, ...] = ()  # the body's inputs a head passes on by name (`_body`)
+    uses_pooler = False  # whether the head reads one [CLS] state per row
 
     @classmethod
     def from_pretrained(cls, *args, runtime: str | None = None, runtime_options: dict | None = None, **kwargs):
         """transformers' `from_pretrained`, with one more option: `runtime="onnxruntime"` runs the encoder on ONNX
-        Runtime wherever that gives the same answer, and PyTorch elsewhere; `runtime_options` go to the engine (ONNX
-        Runtime's: `cache_dir`, `threads`). The engine is found by name in runtime_registry.py and wraps the loaded
-        model from beside it (hf_vanilla/runtimes/, docs/deploy.md; it needs the onnx extra). For small requests on
-        small models."""
+        Runtime wherever that gives the same answer, and PyTorch elsewhere; `runtime_options` go to the engine. The
+        engine is found by name in runtime_registry.py and wraps the model from beside it (docs/deploy.md)."""
         model = super().from_pretrained(*args, **kwargs)
         return model if runtime is None else apply_runtime(model, runtime, **(runtime_options or {}))
 
@@ -131,18 +130,32 @@ class VanillaPreTrainedModel(PreTrainedModel):
             output.plan = body_output.plan
         return output
 
-    def _causal_lm_loss(self, logits, labels, shift_labels=None):
-        """Next-token cross-entropy: position t against labels[t + 1], or against `shift_labels[t]` when the caller
-        shifted them already (as sequence and context parallelism must, each process holding a slice). `logits`
-        from `token_logits`: the real tokens' alone are scored where the padding-free path skipped padding."""
-        if labels is None and shift_labels is None:
-            return None
-        check_labels(shift_labels, self.config.vocab_size, "vocab_size")
-        shift_labels = next_tokens(labels, shift_labels)
-        scores = logits.all
-        if logits.real is not None:  # (1, N, V) and (1, N): the real tokens alone
-            scores, shift_labels = logits.packed[None], logits.labels_at_real_tokens(shift_labels)[None]
-        return self.loss_function(scores, None, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
+    def _body(self, arguments: dict, **overrides):
+        """The body's output for the head to read, always a ModelOutput (the head returns its own as a tuple where
+        asked). `arguments` are the head's forward's own (`locals()`): the body's inputs are taken from them by name
+        (`body_inputs`), with transformers' packed-format keywords among their `kwargs`; `overrides` replace or add
+        some (multiple choice's rows, `outputs_at_padding`). A head that reads one state per row (`uses_pooler`)
+        refuses transformers' packed format: its labels are one per sequence, which DataCollatorWithFlattening does
+        not carry."""
+        inputs = {name: arguments[name] for name in self.body_inputs if name in arguments}
+        out = self.model(**{**inputs, **packed_format(arguments["kwargs"]), **overrides}, return_dict=True)
+        plan = plan_of(out)
+        if self.uses_pooler and plan is not None:
+            plan.refuse_packed_rows(type(self).__name__)
+        return out
+
+    def _causal_lm_output(self, arguments: dict):
+        """A causal language model's forward (BERT's and the decoder's) from its own arguments (`locals()`): the
+        body (no cache where labels train it), scores at every position, the next-token loss, the output."""
+        labels, shift_labels = arguments["labels"], arguments["kwargs"].get("shift_labels")
+        check_labels(labels, self.config.vocab_size, "vocab_size")
+        next_labels = next_tokens(labels, shift_labels)  # (B, T): what position t is scored against
+        out = self._body(arguments, use_cache=no_cache_for_labels(arguments["use_cache"], next_labels),
+                         outputs_at_padding=reads_padding(next_labels, arguments["attention_mask"]))
+        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
+        loss = causal_lm_loss(self.loss_function, self.config.vocab_size, logits, labels, shift_labels)
+        return self._output(CausalLMOutputWithCrossAttentions, out, arguments["return_dict"], loss=loss,
+                            logits=logits.all)
 
     def _classification_loss(self, logits, labels):
         """Sequence classification's loss: regression (MSE), single-label (cross-entropy) or multi-label (binary
@@ -163,8 +176,7 @@ def plan_of(body_output):
 
 def classifier_layers(config, num_outputs: int):
     """BERT's classification layer: dropout (`classifier_dropout`, or the hidden dropout when unset), then a linear
-    map (..., E) -> (..., num_outputs). A head holds the two as `dropout` and `classifier`, BERT's names, which its
-    checkpoints' keys follow."""
+    map (..., E) -> (..., num_outputs), held as `dropout` and `classifier`, the names BERT's checkpoints' keys use."""
     rate = config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
     return nn.Dropout(rate), VanillaLinear(config.hidden_size, num_outputs)
 
@@ -244,40 +256,17 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
         return self._output(BaseModelOutputWithPoolingAndCrossAttentions, out, return_dict, pooler_output=pooled)
 
 
-# The body's inputs an encoder head passes on by name (`VanillaEncoderPreTrainedModel._encode`).
-ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "cache",
-                  "past_key_values", "use_cache", "output_attentions", "output_hidden_states")
-
-
 class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
     """What every encoder head shares: the encoder as `self.model`, with BERT's pooler only when the head reads it
     (`uses_pooler`): a pooler nobody reads would be computed on every forward and never trained."""
 
     config_class = VanillaEncoderConfig
-    uses_pooler = False
+    body_inputs = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "cache",
+                   "past_key_values", "use_cache", "output_attentions", "output_hidden_states")
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
         self.model = VanillaEncoderModel(config, add_pooling_layer=self.uses_pooler)
-
-    def _encode(self, arguments: dict, **overrides):
-        """The encoder's output for the head to read, always a ModelOutput (the head returns its own as a tuple
-        where asked). `arguments` are the head's forward's own (`locals()`): the body's inputs are taken from them by
-        name (ENCODER_INPUTS), with transformers' packed-format keywords among their `kwargs`; `overrides` replace
-        or add some (multiple choice's rows, `outputs_at_padding`).
-
-        A head that reads one state per row ([CLS]) refuses transformers' packed format (several sequences in a
-        row): its labels are one per sequence, which DataCollatorWithFlattening does not carry."""
-        inputs = {name: arguments[name] for name in ENCODER_INPUTS if name in arguments}
-        out = self.model(**{**inputs, **packed_format(arguments["kwargs"]), **overrides}, return_dict=True)
-        plan = plan_of(out)
-        if self.uses_pooler and plan is not None and plan.sequences is not None:
-            raise ValueError(
-                f"{type(self).__name__} reads one [CLS] state per row, and these inputs pack several sequences "
-                "in a row (transformers' DataCollatorWithFlattening: position_ids restarting, cu_seq_lens or "
-                "seq_idx). Pass a padded batch (DataCollatorWithPadding): it runs padding-free here already."
-            )
-        return out
 
     def _sentence(self, out):
         """The sentence representation (B, E): the pooled [CLS] token, or its hidden state when the checkpoint has
@@ -296,10 +285,11 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self._encode(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        out = self._body(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
         logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         return self._output(MaskedLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
@@ -307,10 +297,8 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
 
 class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
     """BERT's causal language model (transformers' `BertLMHeadModel`): the encoder masked to the past, with the
-    masked-LM head predicting the next token, and `generate()` with a key/value cache.
-
-    It is causal whatever the config says (its copy has `is_decoder=True`): BERT's own class runs bidirectionally
-    without the flag, a language model that reads the tokens it predicts."""
+    masked-LM head predicting the next token, and `generate()` with a key/value cache. It is causal whatever the
+    config says (its copy has `is_decoder=True`): BERT's own class runs bidirectionally without the flag."""
 
     _tied_weights_keys = VanillaEncoderForMaskedLM._tied_weights_keys
 
@@ -324,18 +312,12 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 cache=None, past_key_values=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+                output_hidden_states=None, return_dict=None, **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
         position_ids: (B, T) counted from 0 (`generate` derives them from a left-padded mask).
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
         `past_key_values` before transformers 5.24)."""
-        check_labels(labels, self.config.vocab_size, "vocab_size")
-        next_labels = next_tokens(labels, kwargs.get("shift_labels"))  # (B, T): what position t is scored against
-        out = self._encode(locals(), use_cache=no_cache_for_labels(use_cache, next_labels),
-                           outputs_at_padding=reads_padding(next_labels, attention_mask))
-        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
-        loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
-        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
+        return self._causal_lm_output(locals())
 
 
 @dataclass
@@ -363,12 +345,12 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 labels=None, next_sentence_label=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                return_dict=None, **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T) masked-LM targets (-100 elsewhere); next_sentence_label: (B,). The loss is their sum,
         when both are given. Returns prediction_logits (B, T, V) and seq_relationship_logits (B, 2)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         check_labels(next_sentence_label, 2, "the two next-sentence classes")
-        out = self._encode(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        out = self._body(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
         prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = None if labels is None or next_sentence_label is None else (
@@ -389,10 +371,11 @@ class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
         check_labels(labels, 2, "the two next-sentence classes")
-        out = self._encode(locals())
+        out = self._body(locals())
         logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = cross_entropy(logits, labels)
         return self._output(NextSentencePredictorOutput, out, return_dict, loss=loss, logits=logits)
@@ -411,11 +394,12 @@ class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label. Returns logits
         (B, num_labels)."""
         check_sequence_labels(self.config, labels)
-        out = self._encode(locals())
+        out = self._body(locals())
         logits = self.classifier(self.dropout(self._sentence(out)))  # (B, num_labels)
         loss = self._classification_loss(logits, labels)
         return self._output(SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -433,7 +417,8 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """input_ids, attention_mask, token_type_ids: (B, C, T); labels: (B,) the index of the right choice.
         Returns logits (B, C)."""
         B, C = check_choices(input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -443,9 +428,9 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
         def flat(x):  # (B, C, T, ...) -> (B * C, T, ...): every choice is a sequence of its own
             return None if x is None else x.reshape(B * C, *x.shape[2:])
 
-        out = self._encode(locals(), input_ids=flat(input_ids), attention_mask=flat(attention_mask),
-                           token_type_ids=flat(token_type_ids), position_ids=flat(position_ids),
-                           inputs_embeds=flat(inputs_embeds))
+        out = self._body(locals(), input_ids=flat(input_ids), attention_mask=flat(attention_mask),
+                         token_type_ids=flat(token_type_ids), position_ids=flat(position_ids),
+                         inputs_embeds=flat(inputs_embeds))
         logits = self.classifier(self.dropout(self._sentence(out))).view(B, C)  # (B * C, 1) -> (B, C)
         return self._output(MultipleChoiceModelOutput, out, return_dict, loss=cross_entropy(logits, labels),
                             logits=logits)
@@ -461,10 +446,11 @@ class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
         check_labels(labels, self.num_labels, "num_labels")
-        out = self._encode(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        out = self._body(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
         return self._output(TokenClassifierOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
@@ -479,16 +465,14 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                return_dict=None, **kwargs: Unpack[TransformersKwargs]):
         """start_positions, end_positions: (B,) token indices of the answer span (outside the input: ignored).
         Returns start_logits and end_logits, (B, T) each.
 
         The loss is a softmax over every position, padding included, as BertForQuestionAnswering's: with positions
-        given, a padded batch runs padded, its padding positions scored from their own states. Without them it runs
-        padding-free, and padding positions score the head's bias (their states are zero there)."""
+        given, a padded batch runs padded; without them, padding-free (padding positions score the head's bias)."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
-        scores_spans = start_positions is not None or end_positions is not None
-        out = self._encode(locals(), outputs_at_padding=scores_spans)
+        out = self._body(locals(), outputs_at_padding=start_positions is not None or end_positions is not None)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
         return self._output(QuestionAnsweringModelOutput, out, return_dict, loss=loss, start_logits=start_logits,
@@ -523,13 +507,14 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T), 1 where the token was replaced and 0 where it is the original. Returns logits (B, T):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
         inputs = input_ids if input_ids is not None else inputs_embeds
         if inputs is not None:
             check_token_labels(labels, inputs.shape[:2], "1 where the token was replaced, 0 where it is the original")
-        out = self._encode(locals())
+        out = self._body(locals())
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = replaced_token_loss(logits, labels, attention_mask)
         return self._output(TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -558,31 +543,29 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
             }
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.encoder.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value):  # the source's, and the target's where they are one matrix
         self.encoder.embeddings.word_embeddings = value
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.embeddings.word_embeddings = value
+
+    def get_input_embeddings(self):
+        return self.encoder.embeddings.word_embeddings
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, cache=None, position_ids=None, decoder_position_ids=None, outputs_at_padding=False,
-                **kwargs):
-        """`token_type_ids` reach the encoder only: `generate` passes them to every step, and the decoder has no
-        segments. `encoder_outputs` may be a tuple (last_hidden_state, hidden_states, attentions), as from
-        `return_dict=False`. Returns the decoder's last_hidden_state (B, T, E), the encoder's (B, S, E), and the
-        cache, hidden states and attention weights of both stacks when asked. `outputs_at_padding`: compute the
-        decoder's padding positions (of `decoder_attention_mask`) as the padded computation does, for a loss that
-        reads them; a padded target otherwise runs padding-free, its padding positions left at zero.
+                **kwargs: Unpack[TransformersKwargs]):
+        """`token_type_ids` reach the encoder only (`generate` passes them to every step). `encoder_outputs` may be
+        a tuple (last_hidden_state, hidden_states, attentions). Returns the decoder's last_hidden_state (B, T, E),
+        the encoder's (B, S, E), and both stacks' cache, hidden states and attention weights when asked.
+        `outputs_at_padding`: compute the decoder's padding positions as the padded path does, for a loss that reads
+        them (a padded target otherwise runs padding-free, its padding positions left at zero).
 
-        `position_ids` and `decoder_position_ids` count from 0 in both stacks; the table's `position_offset` (BART's
-        2) is added to each inside. Packed pairs (transformers' padding-free format, without attention masks):
-        sources end to end with `position_ids` restarting at 0 at each, targets likewise with
-        `decoder_position_ids`; target i reads source i. (`cu_seq_lens_*` cannot say which boundaries are whose
-        here, and are refused.)"""
+        `position_ids` and `decoder_position_ids` count from 0 in both stacks (the table's `position_offset` is added
+        inside). Packed pairs (transformers' padding-free format, without masks): sources end to end with
+        `position_ids` restarting at 0 at each, targets likewise with `decoder_position_ids`; target i reads source
+        i. (`cu_seq_lens_*` cannot say which boundaries are whose here, and are refused.)"""
         if packed_format(kwargs):
             raise ValueError(
                 f"{', '.join(packed_format(kwargs))} cannot tell source boundaries from target ones: pass packed "
@@ -622,6 +605,9 @@ class VanillaSeq2SeqPreTrainedModel(VanillaPreTrainedModel):
     transformers' `get_encoder()` and `get_decoder()` find by name."""
 
     config_class = VanillaSeq2SeqConfig
+    body_inputs = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask", "encoder_outputs",
+                   "cache", "past_key_values", "token_type_ids", "inputs_embeds", "decoder_inputs_embeds", "use_cache",
+                   "output_attentions", "output_hidden_states", "position_ids", "decoder_position_ids")
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
@@ -660,7 +646,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, cache=None, position_ids=None, decoder_position_ids=None,
-                **kwargs):
+                **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right (each packed
         target's from its start, with `decoder_position_ids`: `VanillaSeq2SeqModel` says how pairs pack).
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
@@ -672,13 +658,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
             if decoder_attention_mask is None and decoder_position_ids is None and not is_tracing():
                 decoder_attention_mask = labelled_prefix(labels)  # targets padded with -100 run padding-free
             use_cache = False
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                         decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-                         cache=one_cache(cache, past_key_values), token_type_ids=token_type_ids,
-                         inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True, position_ids=position_ids, decoder_position_ids=decoder_position_ids,
-                         outputs_at_padding=reads_padding(labels, decoder_attention_mask), **packed_format(kwargs))
+        out = self._body(locals(), outputs_at_padding=reads_padding(labels, decoder_attention_mask))
         logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         return self._output(Seq2SeqLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
@@ -698,7 +678,7 @@ class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, token_type_ids=None, labels=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+                output_hidden_states=None, return_dict=None, **kwargs: Unpack[TransformersKwargs]):
         """input_ids: (B, S), each row with the same number of `eos_token_id`s. Returns logits (B, num_labels)."""
         check_eos_tokens(input_ids, self.config.eos_token_id, decoder_input_ids)
         check_sequence_labels(self.config, labels)
@@ -724,9 +704,9 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, token_type_ids=None, start_positions=None, end_positions=None,
-                inputs_embeds=None, decoder_inputs_embeds=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                encoder_outputs=None, token_type_ids=None, start_positions=None, end_positions=None, inputs_embeds=None,
+                decoder_inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs: Unpack[TransformersKwargs]):
         """start_positions, end_positions: (B,) token indices of the answer span. Returns start_logits and
         end_logits, (B, T) each."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
@@ -778,16 +758,12 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
                 past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, outputs_at_padding=False, **kwargs):
+                return_dict=None, outputs_at_padding=False, **kwargs: Unpack[TransformersKwargs]):
         """input_ids, attention_mask: (B, T). Returns last_hidden_state (B, T, E) and, when asked, the cache
-        (`cache`, or `past_key_values` before transformers 5.24) and the hidden states and attention weights of
-        every layer. `outputs_at_padding`: compute the padding positions as the padded computation does, for a loss
-        that reads them (a padded batch otherwise runs padding-free, its padding positions left at zero).
-
-        position_ids: (B, T), each token's position counted from 0 (the table's `position_offset` is added here).
-        Left padding needs them, as in GPT-2: with a prompt padded on the left, its first real token is at position
-        0, not at the padding's width. `generate` derives them from `attention_mask`; without them positions count
-        from the left edge of the input."""
+        (`cache`, or `past_key_values` before transformers 5.24) and every layer's hidden states and attention
+        weights. `outputs_at_padding`: as in `VanillaSeq2SeqModel`. position_ids: (B, T) counted from 0 (the
+        table's `position_offset` is added here); left padding needs them, as in GPT-2 (`generate` derives them from
+        `attention_mask`); without them positions count from the left edge of the input."""
         out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            inputs_embeds=inputs_embeds, past_key_values=one_cache(cache, past_key_values),
                            use_cache=use_cache, output_attentions=output_attentions,
@@ -802,6 +778,8 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
 
     config_class = VanillaSeq2SeqConfig
     _tied_weights_keys = {"lm_head.decoder.weight": "model.decoder.embeddings.word_embeddings.weight"}
+    body_inputs = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "cache", "past_key_values",
+                   "output_attentions", "output_hidden_states")
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(_decoder_only(config))
@@ -811,20 +789,11 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
                 past_key_values=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
+                return_dict=None, **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
         position_ids: (B, T) counted from 0, as in `VanillaDecoderModel`. Returns logits (B, T, V) and, with
         `use_cache`, the key/value cache for the next step (`cache`, or `past_key_values` before transformers 5.24)."""
-        check_labels(labels, self.config.vocab_size, "vocab_size")
-        next_labels = next_tokens(labels, kwargs.get("shift_labels"))  # (B, T): what position t is scored against
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         inputs_embeds=inputs_embeds, cache=one_cache(cache, past_key_values),
-                         use_cache=no_cache_for_labels(use_cache, next_labels), output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True,
-                         outputs_at_padding=reads_padding(next_labels, attention_mask), **packed_format(kwargs))
-        logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
-        loss = self._causal_lm_loss(logits, labels, kwargs.get("shift_labels"))
-        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
+        return self._causal_lm_output(locals())
 
 
 # The public classes: the base, and every model `heads.py` declares (each defined above).

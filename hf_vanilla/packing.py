@@ -313,6 +313,15 @@ class BatchPlan:
             return None
         return self.packed.indices.sort().values
 
+    def refuse_packed_rows(self, reader: str):
+        """Refuse transformers' packed format for `reader`, a head that reads one state per row ([CLS])."""
+        if self.sequences is not None:
+            raise ValueError(
+                f"{reader} reads one [CLS] state per row, and these inputs pack several sequences in a row "
+                "(transformers' DataCollatorWithFlattening: position_ids restarting, cu_seq_lens or seq_idx). Pass a "
+                "padded batch (DataCollatorWithPadding): it runs padding-free here already."
+            )
+
     def first_states(self, hidden_states):
         """Each sequence's first-token ([CLS]) state, what a pooled head reads: (B, E) a row each, or (count, E)
         for transformers' packed format."""
