@@ -98,8 +98,24 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
     inputs = batch()
     with torch.inference_mode():
         assert_close(model(**inputs).logits, plain(**inputs).logits)
+    # The body's weights are trainable as the plain model's: the marker in their place says so (requires_grad), an
+    # optimizer made of model.parameters() is not empty, and a gradient of them is refused at backward, by name.
+    marker = f"model._{held}_marker"
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {name for name, _ in plain.named_parameters() if name.startswith("classifier")}
+    assert trainable == {marker} | {name for name, _ in plain.named_parameters() if name.startswith("classifier")}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    with pytest.raises(RuntimeError, match=rf"Computing gradients of the encoder's weights is refused: "
+                                           rf"runtime='{held}' holds .*{remove(held)[1]}\(model\).*"
+                                           rf"requires_grad_\(False\)"):
+        model(**inputs).logits.sum().backward()
+    model.model.requires_grad_(False)  # frozen, the encoder is a fixed function: the head around it trains
+    model(**inputs).logits.sum().backward()
+    optimizer.step()
+    assert model.classifier.weight.grad is not None
+    with torch.no_grad():
+        plain.classifier.weight.sub_(0.1 * model.classifier.weight.grad)
+        plain.classifier.bias.sub_(0.1 * model.classifier.bias.grad)
+        assert_close(model(**inputs).logits, plain(**inputs).logits)
     model.save_pretrained(tmp_path)
     reloaded = VanillaEncoderForSequenceClassification.from_pretrained(
         tmp_path, runtime=held, runtime_options=options(held, cache_dir=str(graphs)))
@@ -216,6 +232,228 @@ def test_one_engine_at_a_time(held, then, graphs, engine_only):
     assert all(torch.equal(state[name], tensor) for name, tensor in plain.state_dict().items())
 
 
+def _state(model) -> dict:
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+def _assert_state(model, expected: dict):
+    state = model.state_dict()
+    assert list(state) == list(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(state[name], tensor), name
+
+
+def _answers(model, inputs):
+    with torch.inference_mode():
+        output = model(**inputs)
+    real = inputs["attention_mask"].bool()
+    return output.last_hidden_state[real], output.pooler_output
+
+
+def _assert_answers(model, plain, inputs):
+    for got, want in zip(_answers(model, inputs), _answers(plain, inputs)):
+        assert_close(got, want)
+
+
+def _up_proj(model):
+    return model.encoder.layers[0].ffn.up_proj
+
+
+ASSIGNED = {  # the same assignment on a held model and the plain one: followed, as PyTorch takes it
+    "a Parameter in a weight's place": lambda m: setattr(_up_proj(m), "weight", torch.nn.Parameter(
+        torch.full((64, 32), 0.01))),
+    "a Parameter in a bias's place": lambda m: setattr(_up_proj(m), "bias", torch.nn.Parameter(torch.ones(64))),
+    "None in a bias's place": lambda m: setattr(m.encoder.layers[1].ffn.down_proj, "bias", None),
+}
+
+
+@pytest.mark.parametrize("assignment", list(ASSIGNED))
+def test_an_assigned_tensor_is_followed_and_nothing_is_lost(held, graphs, engine_only, tmp_path, assignment):
+    """What a user assigns in a held tensor's place is followed: the body is traced and compiled again with it, and
+    the module's other tensors stay (a Parameter assigned as `up_proj.weight` once dropped `up_proj.bias` from the
+    model, its state_dict and its checkpoint, and every call after raised). The answers, the state_dict (keys, in
+    PyTorch's order, and values) and what save_pretrained writes are the plain model's after the same assignment."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    inputs = batch()
+    _answers(model, inputs)
+    for target in (model, plain):
+        ASSIGNED[assignment](target)
+    _assert_answers(model, plain, inputs)
+    _assert_state(model, _state(plain))
+    model.save_pretrained(tmp_path / "held")
+    plain.save_pretrained(tmp_path / "plain")
+    loaded = [VanillaEncoderModel.from_pretrained(tmp_path / which, output_loading_info=True) for which in ("held",
+                                                                                                           "plain")]
+    assert loaded[0][1] == loaded[1][1]  # a bias set to None is missing from both (the config says it has one)
+    if not loaded[0][1]["missing_keys"]:
+        _assert_answers(loaded[0][0].eval(), plain, inputs)
+
+
+def test_an_assignment_torch_refuses_is_refused_as_torch_does(held, graphs, engine_only):
+    """A plain tensor assigned in a parameter's place: PyTorch raises TypeError at the assignment; held, the body
+    cannot see it until the next call, which raises PyTorch's TypeError and puts the weight back, so the model is
+    then as PyTorch leaves it."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    inputs = batch()
+    before = _state(model)
+    with pytest.raises(TypeError) as theirs:
+        _up_proj(plain).weight = torch.zeros(64, 32)
+    _up_proj(model).weight = torch.zeros(64, 32)
+    with pytest.raises(TypeError) as ours:
+        _answers(model, inputs)
+    assert str(ours.value) == str(theirs.value)
+    _assert_state(model, before)
+    _assert_answers(model, plain, inputs)
+
+
+CANNOT_RUN = {  # assignments a held engine cannot run: (the assignment, what changed, what failed), as it says them
+    # The plain model's calls fail too.
+    "a Parameter of the wrong shape": (lambda m: setattr(_up_proj(m), "weight", torch.nn.Parameter(torch.zeros(3, 3))),
+                                       r"encoder\.layers\.0\.ffn\.up_proj\.weight",
+                                       r"RuntimeError: a and b must have same reduction dim"),
+    # The plain model runs it; the graphs the engines run read each weight once (hf_vanilla.export): refused by
+    # name, as runtime="onnxruntime" fed the weights refuses a body with a tie at attach.
+    "one layer's weight tied to another's": (lambda m: setattr(m.encoder.layers[1].ffn.up_proj, "weight",
+                                                               _up_proj(m).weight),
+                                             r"encoder\.layers\.1\.ffn\.up_proj\.weight",
+                                             r"ValueError: encoder\.layers\.1\.ffn\.up_proj\.weight is "
+                                             r"encoder\.layers\.0\.ffn\.up_proj\.weight \(one tensor under two names"),
+}
+
+
+@pytest.mark.parametrize("change", list(CANNOT_RUN))
+def test_a_change_that_cannot_run_keeps_every_weight(held, graphs, engine_only, change):
+    """An assignment the engine cannot compile: the call fails with an error saying what changed, what failed and
+    the fixes, at every call until it is repaired; the model keeps every tensor (its state_dict is the plain
+    model's after the same assignment: nothing dropped, nothing re-initialised), and once repaired it is held and
+    answers again."""
+    _, name = remove(held)
+    assign, what, said = CANNOT_RUN[change]
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    inputs = batch()
+    _answers(model, inputs)
+    for target in (model, plain):
+        assign(target)
+    for _ in range(2):  # tried again at every call
+        with pytest.raises(RuntimeError, match=rf"^The encoder as changed \({what}\) cannot run on "
+                                               rf"runtime='{held}': {said}.*repair the change.*{name}\(model\)"):
+            _answers(model, inputs)
+        _assert_state(model, _state(plain))
+    for target in (model, plain):
+        _up_proj(target).weight = torch.nn.Parameter(torch.full((64, 32), 0.02))
+    _assert_answers(model, plain, inputs)
+    _assert_state(model, _state(plain))
+    assert [p.numel() for p in model.parameters()] == [0]  # held again
+
+
+def _write_through_a_state_dict(model):
+    model.state_dict()["encoder.layers.0.ffn.up_proj.weight"].zero_()
+
+
+def _step(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+
+
+REFUSED = {  # what would change nothing of a held model's weights, or could not: refused where it happens
+    "p.mul_() over parameters()": (lambda m: [p.mul_(1.5) for p in m.parameters()], RuntimeError,
+                                   r"Writing the model's parameters \(mul_: model\.parameters\(\) yields an empty "
+                                   r"marker"),
+    "p.data.zero_() over parameters()": (lambda m: [p.data.zero_() for p in m.parameters()], RuntimeError,
+                                         r"Writing the model's parameters \(zero_"),
+    "an optimizer's step": (_step, RuntimeError, r"Writing the model's parameters \(add_"),
+    "vector_to_parameters": (lambda m: torch.nn.utils.vector_to_parameters(torch.ones(10_000), m.parameters()),
+                             RuntimeError, r"Replacing the model's parameters \(\.data = \.\.\., as "
+                                           r"vector_to_parameters"),
+    "to_empty": (lambda m: m.to_empty(device="cpu"), RuntimeError, r"Replacing the model's parameters"),
+    "a write into a state_dict() tensor": (_write_through_a_state_dict, RuntimeError,
+                                           r"Writing a weight \(zero_\) .*state_dict\(\) gives read-only views"),
+    "a numpy write into a state_dict() tensor": (
+        lambda m: m.state_dict()["pooler.weight"].numpy().__setitem__(0, 1.0), ValueError, "read-only"),
+    "model.to('meta')": (lambda m: m.to("meta"), RuntimeError, r"Moving the model to meta is refused"),
+}
+
+
+@pytest.mark.parametrize("write", list(REFUSED))
+def test_what_would_change_nothing_is_refused_where_it_happens(held, graphs, engine_only, write):
+    """parameters() yields an empty marker where the held weights were, and state_dict() read-only views of them: a
+    write through either, a replacement of the marker's memory and a move to another device are refused at once,
+    naming the engine and the call that gives the weights back, and the model is as it was (its state_dict, keys
+    and values, and its answers). Each once passed without a word, and the model answered the weights as they
+    were; model.to('meta') was refused at the next call, advising model.cpu(), which then failed inside torch."""
+    _, name = remove(held)
+    call, error, message = REFUSED[write]
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    inputs = batch()
+    before = _state(model)
+    with pytest.raises(error, match=message) as refused:
+        with torch.no_grad():
+            call(model)
+    if error is RuntimeError:
+        assert re.search(rf"is refused: runtime='{held}' holds this encoder's weights.*{name}\(model\)",
+                         str(refused.value))
+    _assert_state(model, before)
+    _assert_answers(model, plain, inputs)
+    assert model.device.type == "cpu"
+
+
+def test_a_state_dict_reads_and_copies_as_the_weights(held, graphs, engine_only, tmp_path):
+    """state_dict() shares the engine's memory (no copy of the weights to save them), and every way out of it is a
+    plain tensor: torch.save, a deep copy, .clone(), another model's load_state_dict. A changed copy loaded with
+    load_state_dict is followed."""
+    import io
+
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    inputs = batch()
+    state = model.state_dict()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    for copied in (torch.load(buffer), copy.deepcopy(state), {k: v.clone() for k, v in state.items()}):
+        assert all(type(tensor) is torch.Tensor for tensor in copied.values())
+        assert all(torch.equal(copied[k], v) for k, v in plain.state_dict().items())
+    other = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    other.load_state_dict(state)
+    _assert_answers(other, plain, inputs)
+    changed = {k: v.clone() for k, v in state.items()}
+    changed["encoder.layers.0.ffn.up_proj.weight"].mul_(-1)
+    model.load_state_dict(changed)
+    plain.load_state_dict(changed)
+    _assert_answers(model, plain, inputs)
+
+
+def test_a_model_around_the_encoder_in_another_dtype_is_refused_at_attach(held, graphs, tmp_path):
+    """A bfloat16 model with a head, held at a precision the engine computes in float32: the encoder's float32
+    output would meet the bfloat16 head ("mat1 and mat2 must have the same dtype" at every call). Refused at attach
+    (and so at from_pretrained(..., runtime=...)), naming the fixes; the model is left as it was."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval().to(torch.bfloat16)
+    before = _state(plain)
+    keeps = r", or ask for precision='bf16', which keeps the model's dtype" if held == "openvino" else ""
+    refusal = (rf"at precision 'f32' holds the encoder in torch\.float32, and classifier\.weight after it is "
+               rf"torch\.bfloat16: load the model in torch\.float32 \(from_pretrained\(\.\.\., "
+               rf"dtype=torch\.float32\), or model\.to\(torch\.float32\)\) first{keeps}\.$")
+    with pytest.raises(ValueError, match=refusal):
+        hold(plain, held, graphs)
+    _assert_state(plain, before)
+    plain.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=refusal):
+        VanillaEncoderForSequenceClassification.from_pretrained(tmp_path, dtype=torch.bfloat16, runtime=held,
+                                                                runtime_options=options(held, cache_dir=str(graphs)))
+
+
 def test_the_config_reaches_the_engine(held, graphs, engine_only):
     torch.manual_seed(0)
     plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
@@ -319,7 +557,8 @@ def test_a_precision_openvino_cannot_run_is_refused_at_attach(graphs, monkeypatc
 def test_bf16_on_a_cpu_without_bf16_products_is_refused_not_run_in_float32(graphs, monkeypatch):
     """OpenVINO's CPU plugin, asked for bf16 on a CPU that does not multiply bf16 (AVX2 only), keeps float32 and says
     so only in the compiled model's INFERENCE_PRECISION_HINT: use_openvino and a later model.to(torch.bfloat16)
-    (at the next call) refuse, naming precision='f32', and the model keeps its weights. The plugin is scripted as on such a CPU: its
+    (at the next call, and every call until model.float()) refuse, naming precision='f32', and the model keeps its
+    weights. The plugin is scripted as on such a CPU: its
     capabilities without BF16, and a bf16 hint compiled as float32 (what it does there)."""
     openvino = pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra")
     from hf_vanilla.runtimes.openvino import runs_bf16, use_openvino
@@ -344,9 +583,19 @@ def test_bf16_on_a_cpu_without_bf16_products_is_refused_not_run_in_float32(graph
         use_openvino(model, precision="bf16", cache_dir=graphs)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
-    held.to(torch.bfloat16)  # followed at the next call
-    with pytest.raises(ValueError, match=refusal), torch.inference_mode():
-        held(**batch())
+    with torch.inference_mode():
+        before = held(**batch()).last_hidden_state
+    saved = {name: tensor.clone() for name, tensor in held.state_dict().items()}
+    held.to(torch.bfloat16)  # followed at the next call, where it cannot be: refused there and at every call after
+    moved = (r"^Moving the model to torch\.bfloat16 is refused: runtime='openvino' holds .*remove_openvino\(model\) "
+             r".*model\.float\(\) to go on here\): " + refusal[1:])
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=moved), torch.inference_mode():
+            held(**batch())
+    state = held.state_dict()  # the weights as they were, never rounded to bfloat16
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
+    with torch.inference_mode():
+        assert_close(held.float()(**batch()).last_hidden_state, before)
 
 
 def test_openvino_bf16_computes_in_bf16_from_the_models_own_weights(graphs, engine_only):

@@ -44,6 +44,7 @@ import copy
 import functools
 import inspect
 import threading
+import types
 
 import torch
 from transformers import PreTrainedModel
@@ -52,7 +53,7 @@ from . import choice
 from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
-from .watch import Watch, class_code, hooked, structure_of
+from .watch import Watch, class_code, difference, hooked, structure_of
 
 
 class OwnedEncoder(Engine):
@@ -76,6 +77,7 @@ class OwnedEncoder(Engine):
         self.lock = threading.RLock()  # one rebuild at a time; calls check the body under it
         self.local = threading.local()  # per-thread state of the compiled engine (OpenVINO's infer requests)
         self.choice = choice.engine_or_pytorch(self.RUNTIME)
+        self.unfollowed = {}  # dtype -> the refusal of a move to it the engine cannot compile (`_move`)
         self._take()
 
     # ---- what an engine says: how it compiles and runs --------------------------------------------------------
@@ -110,6 +112,13 @@ class OwnedEncoder(Engine):
         """Move the body's tensors into a private copy of it, trace it (or find its graph), compile, and put the
         engine in front of the body's forward, with its state-dict doors."""
         unit = self.unit
+        first = {}
+        for name, tensor in [*unit.named_parameters(remove_duplicate=False), *unit.named_buffers(
+                remove_duplicate=False)]:
+            if first.setdefault(id(tensor), name) != name:  # its graph would read it once, under one name
+                raise ValueError(f"{name} is {first[id(tensor)]} (one tensor under two names): the graph an engine "
+                                 f"runs reads each weight of the encoder once, so {self.RUNTIME!r} cannot hold it; "
+                                 f"untie them (a copy of the tensor each), or run the model in PyTorch.")
         # Its own tensors, the body's own forward (the engine is not in front yet), and the body's config object: what
         # a user sets on model.config reaches both (a field the graph baked in is a change the watch sees).
         shadow = copy.deepcopy(unit, {id(unit.config): unit.config})
@@ -125,13 +134,13 @@ class OwnedEncoder(Engine):
         self.trainable = any(parameter.requires_grad for parameter in unit.parameters())
         self.held = {path: [*module._parameters, *module._buffers] for path, module in unit.named_modules()
                      if module._parameters or module._buffers}
-        for module in unit.modules():  # the body keeps its modules and code, no tensor
-            if module._parameters or module._buffers:
-                module.extra_repr = functools.partial(held_repr, self)  # torch's own reads the weights
+        for path, module in unit.named_modules():  # the body keeps its modules and code, no tensor
+            if module._parameters or module._buffers:  # torch's own repr reads the weights; this one says where
+                module.extra_repr = functools.partial(held_repr, self, path)  # they are, and where they came from
             module._parameters.clear()
             module._buffers.clear()
             module._non_persistent_buffers_set.clear()
-        unit.register_parameter(self.marker, torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False))
+        unit.register_parameter(self.marker, HeldMarker.of(self, dtype, self.trainable))
         unit.forward = self
         unit.register_state_dict_post_hook(functools.partial(OwnedEncoder.save, self))  # torch marks the hook:
         unit.register_load_state_dict_pre_hook(functools.partial(OwnedEncoder.load, self))  # not a bound method
@@ -153,30 +162,118 @@ class OwnedEncoder(Engine):
         self.watch = self._watch()
 
     def give_back(self) -> None:
-        """Put the shadow's tensors back into the body's modules, by path (modules added since keep their own), and
-        the body's own forward and state-dict methods."""
+        """Put the shadow's tensors back into the body, each into the module it was taken from (found by the
+        `held_repr` it was given, wherever it is now) under its own name, and the body's own forward and state-dict
+        methods. What the user put in a tensor's place since is the user's, as PyTorch keeps it: a Parameter
+        assigned or a buffer registered under that name (the shadow's is dropped, the module's others come back), or
+        None (`module.bias = None`: registered as None); a name deleted stays deleted; a module that replaced one
+        holds its own tensors. The marker's `requires_grad`, where it was set since, is every returned parameter's."""
         unit, own = self.unit, dict(self.shadow.named_modules())
         vars(unit).pop("forward", None)
         for hooks in (unit._state_dict_hooks, unit._load_state_dict_pre_hooks):
             for key in [key for key, hook in hooks.items() if getattr(getattr(hook, "hook", hook), "args", ())[:1]
                         == (self,)]:
                 del hooks[key]
-        unit._parameters.pop(self.marker, None)
-        for path, names in self.held.items():  # the views go first: the tensors take their names back
-            module = dict(unit.named_modules()).get(path)
-            for name in names if module is not None else ():
-                if isinstance(vars(module).get(name), HeldTensor | None):
-                    vars(module).pop(name, None)
-        for path, module in unit.named_modules():
-            source = own.get(path)
-            if source is None or type(source) is not type(module) or module._parameters or module._buffers:
-                continue  # new since attach (or the marker's): it holds its own tensors
-            vars(module).pop("extra_repr", None)
-            module._parameters.update(source._parameters)
-            module._buffers.update(source._buffers)
-            module._non_persistent_buffers_set.update(source._non_persistent_buffers_set)
-        for name, parameter in unit.named_parameters():
-            parameter.requires_grad_(name not in self.frozen)
+        marker = unit._parameters.pop(self.marker, None)
+        trainable = self.trainable if marker is None else _read(marker, "requires_grad")
+        returned = []
+        for module in unit.modules():
+            taken = vars(module).get("extra_repr")
+            if not (isinstance(taken, functools.partial) and taken.func is held_repr and taken.args[0] is self):
+                continue  # not one this engine took from (a module added since holds its own tensors)
+            del vars(module)["extra_repr"]
+            path = taken.args[1]
+            source = own[path]
+            for name in self.held[path]:
+                kind = "_parameters" if name in source._parameters else "_buffers"
+                tensor = getattr(source, kind)[name]
+                if name in module._parameters or name in module._buffers or name not in vars(module):
+                    continue  # registered anew (the user's own tensor), or deleted (`del module.weight`)
+                shown = vars(module).pop(name)
+                if self._shows(shown, path, name, tensor):
+                    getattr(module, kind)[name] = tensor
+                    returned += [(module, name)] if kind == "_parameters" and tensor is not None else []
+                elif shown is None:  # `module.bias = None`: PyTorch registers None in the tensor's place
+                    getattr(module, kind)[name] = None
+                elif (tied := self._viewed(shown)) is not None:  # `a.weight = b.weight`: tied, as in PyTorch
+                    getattr(module, "_parameters" if shown.parameter else "_buffers")[name] = tied
+                else:  # a tensor set as a buffer (what `_refuse_as_torch` lets through): PyTorch registers it
+                    module._buffers[name] = shown
+            for registry in (module._parameters, module._buffers):  # in the order PyTorch keeps: the taken names'
+                for name in [*(name for name in self.held[path] if name in registry),
+                             *(name for name in list(registry) if name not in self.held[path])]:
+                    registry[name] = registry.pop(name)
+            module._non_persistent_buffers_set.update(source._non_persistent_buffers_set & set(module._buffers))
+        paths = {id(module): path for path, module in unit.named_modules()}
+        for module, name in returned:
+            path = paths.get(id(module))
+            full = f"{path}.{name}" if path else name
+            module._parameters[name].requires_grad_(trainable if trainable != self.trainable else
+                                                    full not in self.frozen)
+
+    def _shows(self, value, path: str, name: str, tensor) -> bool:
+        """Whether `value`, a module attribute, is what `_expose` put there for the held tensor `tensor`."""
+        if tensor is None:
+            return value is None
+        return isinstance(value, HeldTensor) and value.engine is self and value.where == (path, name)
+
+    def _viewed(self, value):
+        """The held tensor `value` is this engine's view of (another module's weight, assigned to tie the two), or
+        None."""
+        if not (isinstance(value, HeldTensor) and value.engine is self and value.where is not None):
+            return None
+        path, name = value.where
+        source = dict(self.shadow.named_modules()).get(path)
+        return None if source is None else getattr(source, name, None)
+
+    def _refuse_as_torch(self) -> None:
+        """Raise PyTorch's own TypeError where a held tensor's name was given what PyTorch refuses to assign there (a
+        plain tensor or any other object in a parameter's place, anything but a tensor in a buffer's), putting the
+        held tensor's view back first: the model is then as PyTorch leaves it after refusing the assignment."""
+        own = dict(self.shadow.named_modules())
+        for module in self.unit.modules():
+            taken = vars(module).get("extra_repr")
+            if not (isinstance(taken, functools.partial) and taken.func is held_repr and taken.args[0] is self):
+                continue
+            path = taken.args[1]
+            source = own[path]
+            for name in self.held[path]:
+                shown = vars(module).get(name)
+                parameter = name in source._parameters
+                tensor = getattr(source, "_parameters" if parameter else "_buffers")[name]
+                if shown is None or self._shows(shown, path, name, tensor) or (
+                        isinstance(shown, torch.Tensor) and not parameter) or (
+                        self._viewed(shown) is not None and shown.parameter):
+                    continue
+                vars(module)[name] = None if tensor is None else HeldTensor.of(tensor, self, where=(path, name))
+                expected = "torch.nn.Parameter or None" if parameter else "torch.Tensor or None"
+                raise TypeError(f"cannot assign '{torch.typename(shown)}' as {'parameter' if parameter else 'buffer'} "
+                                f"'{name}' ({expected} expected)")
+
+    def _retake(self) -> None:
+        """Follow a change of the body's modules, code or config: give the tensors back, and take them again from
+        the body as it is now (traced and compiled anew). Where that fails, the body keeps every tensor (its
+        state_dict is the model as the user changed it, nothing lost) and the engine stays in front, trying again at
+        every call, so that a repaired model is held again rather than left on PyTorch unsaid."""
+        current = structure_of(self.unit)
+        what = vars(self).get("broken") or (difference(self.structure, current) if current != self.structure else
+                                            "a method patched on a class")
+        self._refuse_as_torch()
+        self.give_back()
+        try:
+            self._take()
+            self.broken = None
+        except Exception as error:
+            self.unit.forward = self
+            self.broken = what  # the body, given back, differs from the held one everywhere: the first word stays
+            cause = error
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            said = next((line.strip() for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
+            raise RuntimeError(
+                f"The encoder as changed ({what}) cannot run on runtime={self.RUNTIME!r}: {type(cause).__name__}: "
+                f"{said.rstrip('.')}. The model keeps every weight as it is now (model.state_dict()); repair the change and the "
+                f"next call holds it again, or call {self.REMOVE} to run it in PyTorch.") from error
 
     # ---- the graph and its compilation ------------------------------------------------------------------------
 
@@ -207,11 +304,11 @@ class OwnedEncoder(Engine):
         finally:
             shadow.to(self.dtype)
 
-    def _compile(self, checked=None) -> None:
+    def _compile(self, checked=None, built=None) -> None:
         """The engine compiled from the shadow's tensors at the engine's precision. `checked`: the float32
-        compilation `_graph` has just run against PyTorch, which is this one at "f32"."""
-        compiled = checked if checked is not None and self.precision == "f32" else self.build(
-            tensors_of(self.shadow), self.precision)
+        compilation `_graph` has just run against PyTorch, which is this one at "f32"; `built`: this one."""
+        compiled = built if built is not None else checked if checked is not None and self.precision == "f32" else \
+            self.build(tensors_of(self.shadow), self.precision)
         self.names, self.token_types = self.outputs_of(compiled)
         self.compiled, self.local = compiled, threading.local()
 
@@ -219,9 +316,13 @@ class OwnedEncoder(Engine):
 
     def __call__(self, *args, **kwargs):
         output = self._call(args, kwargs)
-        if torch.is_grad_enabled() and self.trainable:  # what PyTorch would differentiate, refused by name
-            output = _refuse_gradients(output, refusal(self, "Computing gradients of the encoder's weights",
-                                                       "train"))
+        # What PyTorch would differentiate, refused by name: the marker's requires_grad is the weights' (set at attach,
+        # then by model.requires_grad_(); frozen, the encoder is a fixed function and what is around it trains).
+        marker = self.unit._parameters.get(self.marker)
+        if torch.is_grad_enabled() and marker is not None and _read(marker, "requires_grad"):
+            output = _refuse_gradients(output, refusal(
+                self, "Computing gradients of the encoder's weights", "train (or freeze the encoder, "
+                "model.base_model.requires_grad_(False), to train only what is around it)"))
         return output
 
     def _call(self, args: tuple, kwargs: dict):
@@ -261,44 +362,85 @@ class OwnedEncoder(Engine):
         elif self.watch.unchanged():
             return
         if structure_of(unit) != self.structure or class_code(unit) != self.code:
-            self.give_back()  # a module replaced, a class patched, a config value changed: compile it anew
-            try:
-                self._take()
-            except Exception:
-                # The body as changed cannot be traced (a module that fails, as PyTorch's own call would): it keeps
-                # its tensors, and the engine stays in front, trying again at every call, so that the repaired
-                # model is held and compiled again rather than left on PyTorch unsaid.
-                self.unit.forward = self
-                raise
+            self._retake()  # a module or a tensor replaced, a class patched, a config value changed
             return
         if any(module.training for module in unit.modules()):
             raise RuntimeError(refusal(self, "Training (model.train())", "call model.eval() to run inference"))
         if hooked(unit):
             raise RuntimeError(refusal(self, "A forward hook inside the encoder (its graph would not run it)"))
         marker = unit._parameters.get(self.marker)
-        if marker is None or marker.device.type != "cpu":
-            where = "Removing the model's weights" if marker is None else f"Moving the model to {marker.device}"
-            raise RuntimeError(refusal(self, where, "move the model (or call model.cpu() to go on here)"))
+        if marker is None:
+            raise RuntimeError(refusal(self, "Removing the model's weights", "change the model"))
+        if marker.device.type != "cpu":  # the marker refuses a move itself; torch's future flags replace it
+            back = ("call model.to_empty(device='cpu'), which brings the marker back without data, to go on here "
+                    "with the weights the engine holds" if marker.device.type == "meta" else "call model.cpu() to "
+                    "go on here")
+            raise RuntimeError(refusal(self, f"Moving the model to {marker.device}", f"move the model (or {back})"))
         if marker.dtype not in self.FOLLOWS or (self.precision == "int8" and marker.dtype != torch.float32):
             raise RuntimeError(refusal(self, f"Moving the model to {marker.dtype}, which the engine at precision "
                                              f"{self.precision!r} does not compute in,",
                                        "move it (or call model.float() to go on here)"))
+        if type(marker) is not HeldMarker:  # replaced by torch (its future flags): the marker that refuses writes
+            unit._parameters[self.marker] = HeldMarker.of(self, marker.dtype, marker.requires_grad)
         if marker.dtype != self.dtype:  # model.to(torch.bfloat16) or .float(): follow
-            self.precision, self.dtype = self.FOLLOWS[marker.dtype], marker.dtype
-            self.shadow.to(self.dtype)
-            self._compile()
-            self._expose()
+            self._move(marker.dtype)
         self.watch = self._watch()
+
+    def _move(self, dtype: torch.dtype) -> None:
+        """Follow `model.to(dtype)`: compiled at the precision the engine computes that dtype in from the weights as
+        the move rounds them, and only then the shadow moved. Where the engine cannot compile it (OpenVINO's bf16 on
+        a CPU without bf16 products), refused at this call and every later one until the model is moved back, the
+        engine and its weights as they were (a shadow moved to bfloat16 and back would have lost their low bits)."""
+        refused = self.unfollowed.get(dtype)
+        if refused is None:
+            try:
+                built = self.build(tensors_of(self.shadow, dtype), self.FOLLOWS[dtype])
+            except ValueError as error:
+                refused = self.unfollowed[dtype] = refusal(
+                    self, f"Moving the model to {dtype}", f"move it (or call model.float() to go on here): {str(error).rstrip('.')}")
+        if refused is not None:
+            raise RuntimeError(refused)
+        self.precision, self.dtype = self.FOLLOWS[dtype], dtype
+        self.shadow.to(dtype)
+        self._compile(built=built)
+        self._expose()
 
     # ---- the doors: state dicts, copies, pickling --------------------------------------------------------------
 
     def save(self, module, state_dict: dict, prefix: str, local_metadata) -> None:
-        """`state_dict()`'s hook on the body: the shadow's tensors, copied (a write into them must not reach the
-        engine unseen)."""
+        """`state_dict()`'s hook on the body: each held tensor the body would get back (`kept`) under its name there,
+        as a view of the engine's tensor that refuses writes (`HeldTensor`): as PyTorch's state dict shares the
+        model's memory, this one shares the engine's, so a write into it cannot pass unseen; `.clone()` gives a
+        tensor to write, which `load_state_dict` loads. What was registered since in a held tensor's place is the
+        body's own, which torch has written. In PyTorch's order (module by module)."""
         with self.lock:
             state_dict.pop(prefix + self.marker, None)
-            for name, tensor in self.shadow.state_dict().items():
-                state_dict[prefix + name] = tensor.detach().clone()
+            for name, tensor, _, persistent in self.kept():
+                if persistent:
+                    state_dict[prefix + name] = HeldTensor.of(tensor, self)
+            rank = {path: index for index, (path, _) in enumerate(self.unit.named_modules(remove_duplicate=False))}
+            ours = sorted((key for key in state_dict if key.startswith(prefix)),
+                          key=lambda key: rank.get(key[len(prefix):].rpartition(".")[0], len(rank)))
+            for key in ours:  # the body's entries are the last ones written: re-added, they stay together
+                state_dict[key] = state_dict.pop(key)
+
+    def kept(self):
+        """(name in the body, tensor, whether a parameter, whether saved) of each held tensor, as `give_back` would
+        put it back: under the name its module has now, unless something took its place since."""
+        own = dict(self.shadow.named_modules())
+        for path, module in self.unit.named_modules(remove_duplicate=False):
+            taken = vars(module).get("extra_repr")
+            if not (isinstance(taken, functools.partial) and taken.func is held_repr and taken.args[0] is self):
+                continue
+            source = own[taken.args[1]]
+            for name in self.held[taken.args[1]]:
+                parameter = name in source._parameters
+                tensor = getattr(source, "_parameters" if parameter else "_buffers")[name]
+                if (tensor is None or name in module._parameters or name in module._buffers
+                        or not self._shows(vars(module).get(name), taken.args[1], name, tensor)):
+                    continue
+                yield (f"{path}.{name}" if path else name, tensor, parameter,
+                       parameter or name not in source._non_persistent_buffers_set)
 
     def load(self, module, state_dict: dict, prefix: str, local_metadata, strict, missing_keys, unexpected_keys,
              error_msgs) -> None:
@@ -312,8 +454,7 @@ class OwnedEncoder(Engine):
         model as PyTorch left it, never the old weights on one path and the new on another."""
         with self.lock:
             if structure_of(self.unit) != self.structure:  # a module replaced: its keys go to it, not the shadow
-                self.give_back()
-                self._take()
+                self._retake()
             own = self.shadow.state_dict()
             mine = {name[len(prefix):]: state_dict.pop(name).detach().clone() for name in list(state_dict)
                     if name.startswith(prefix) and name[len(prefix):] in own}  # copies: the caller keeps its tensors
@@ -359,6 +500,116 @@ def refusal(engine: OwnedEncoder, attempted: str, then: str = "") -> str:
             f"engine. Call {engine.REMOVE} to give them back to the model{', then ' + then if then else ''}.")
 
 
+# What a refused write says to do instead.
+EDIT = ("edit the model; or load the new values with model.load_state_dict(...), which the engine follows "
+        "(model.state_dict() gives read-only views of its weights: .clone() one to change it)")
+
+
+def _read(tensor: torch.Tensor, name: str):
+    """A tensor's attribute (`requires_grad`, `device`), read past any subclass's `__torch_function__`."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return getattr(tensor, name)
+
+
+class HeldMarker(torch.nn.Parameter):
+    """The one parameter a held body keeps (`OwnedEncoder.marker`): empty, standing where the encoder's weights were,
+    so that `model.parameters()` is not empty, `model.to(...)` reaches the engine and `model.dtype` /
+    `model.device` answer. Its `requires_grad` is the held weights' (what `give_back` gives them): set at attach,
+    then by `model.requires_grad_()`; the engine refuses gradients while it is set.
+
+    What treats it as the weights is refused where it happens, naming the engine: an in-place write (`p.mul_()`
+    over `model.parameters()`, an optimizer's step, `p.data.zero_()`), and `.data =` of anything but a move of the
+    marker itself (`vector_to_parameters`, `to_empty`); it would change nothing, and the user would believe the
+    model changed. A move to a dtype is let through (the engine follows it or refuses it at the next call); to
+    another device, refused there, before torch moves anything after it."""
+
+    @staticmethod
+    def of(engine, dtype: torch.dtype, requires_grad: bool) -> "HeldMarker":
+        marker = HeldMarker(torch.empty(0, dtype=dtype), requires_grad)
+        marker.RUNTIME, marker.REMOVE = engine.RUNTIME, engine.REMOVE  # what `refusal` names
+        return marker
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _marker_function(func, args, kwargs or {})
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = HeldMarker.of(self, _read(self, "dtype"), _read(self, "requires_grad"))
+        return memo[id(self)]
+
+    def __reduce_ex__(self, protocol):
+        return _marker, (self.RUNTIME, self.REMOVE, _read(self, "dtype"), _read(self, "requires_grad"))
+
+
+class _MarkerView(torch.Tensor):
+    """What shares the marker's (empty) memory: `marker.data`, `marker.detach()`, a view; it refuses writes as the
+    marker does."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _marker_function(func, args, kwargs or {})
+
+
+def _marker(runtime: str, remove: str, dtype: torch.dtype, requires_grad: bool) -> HeldMarker:
+    """A pickled marker, unpickled."""
+    return HeldMarker.of(types.SimpleNamespace(RUNTIME=runtime, REMOVE=remove), dtype, requires_grad)
+
+
+# In-place methods that write nothing of the marker's: its flag, and the shared memory `Module.share_memory()` asks.
+_MARKER_FLAGS = {"requires_grad_", "share_memory_"}
+# What a module's moves (`Module.to`, `.cuda()`, `.to_empty()`) call on each parameter.
+_MOVES = {"to", "cuda", "cpu", "xpu", "ipu", "mtia", "type", "empty_like"}
+_STANDS_IN = "model.parameters() yields an empty marker where the encoder's weights were"
+
+
+def _marker_function(func, args: tuple, kwargs: dict):
+    """`__torch_function__` of the marker and its views (`HeldMarker`)."""
+    name = getattr(func, "__name__", "")
+    guarded = [a for a in _flat((*args, *kwargs.values())) if isinstance(a, (HeldMarker, _MarkerView))]
+    marker = next((a for a in guarded if isinstance(a, HeldMarker)), guarded[0])
+    target = kwargs["out"] if "out" in kwargs else (args[0] if args else None)
+    ours = any(target is a for a in guarded)
+    if name == "__set__" and ours:  # a property set: args = (tensor, value)
+        prop, value = getattr(getattr(func, "__self__", None), "__name__", ""), args[1]
+        if prop == "data":
+            with torch._C.DisableTorchFunctionSubclass():
+                device, moved = value.device, value.dtype != target.dtype or value.device != target.device
+                alias = torch._C._is_alias_of(value, target)
+            if device.type != "cpu":
+                raise RuntimeError(refusal(marker, f"Moving the model to {device}", "move the model"))
+            if not (moved or alias):
+                raise RuntimeError(refusal(marker, f"Replacing the model's parameters (.data = ..., as "
+                                                   f"vector_to_parameters and to_empty do: {_STANDS_IN})", EDIT))
+        elif prop not in ("requires_grad", "grad"):
+            raise RuntimeError(refusal(marker, f"Setting the model's parameters' .{prop}", EDIT))
+    elif ours and ("out" in kwargs or name in _WRITES or (name.endswith("_") and not name.startswith("_"))):
+        itself = name == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor) and \
+            torch._C._is_alias_of(args[1], target)  # load_state_dict copies the marker onto itself (`load`)
+        if name not in _MARKER_FLAGS and not itself:
+            raise RuntimeError(refusal(marker, f"Writing the model's parameters ({name}: {_STANDS_IN})", EDIT))
+    with torch._C.DisableTorchFunctionSubclass():
+        result = func(*args, **kwargs)
+        device = result.device if isinstance(result, torch.Tensor) else None
+    if name in _MOVES and ours and device is not None and device.type != "cpu":  # torch replaces a parameter moved
+        raise RuntimeError(refusal(marker, f"Moving the model to {device}", "move the model"))  # to another device
+    if isinstance(result, torch.Tensor) and not isinstance(result, (HeldMarker, _MarkerView)) and any(
+            torch._C._is_alias_of(result, a) for a in guarded):
+        view = result.as_subclass(_MarkerView)
+        view.RUNTIME, view.REMOVE = marker.RUNTIME, marker.REMOVE
+        return view
+    return result
+
+
+def _flat(items):
+    """The items of `items`, those inside lists and tuples too (torch.cat's tensors)."""
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flat(item)
+        else:
+            yield item
+
+
 class HeldTensor(torch.Tensor):
     """A weight an engine holds, as the body shows it (`layer.weight`): a view of the engine's own copy that answers
     every read as the tensor does (what it computes is a plain tensor) and refuses every write (an in-place op, an
@@ -386,7 +637,7 @@ class HeldTensor(torch.Tensor):
         writes = "out" in kwargs or name in _WRITES or (name.endswith("_") and not name.startswith("_"))
         held = next((a for a in [target, *args] if isinstance(a, HeldTensor)), None)
         if writes and isinstance(target, HeldTensor) or (name == "requires_grad_" and held is not None):
-            raise RuntimeError(refusal(held.engine, f"Writing a weight ({name})", "edit the model"))
+            raise RuntimeError(refusal(held.engine, f"Writing a weight ({name})", EDIT))
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
         return _held_views(result, held)
@@ -397,7 +648,12 @@ class HeldTensor(torch.Tensor):
         return array
 
     def __reduce_ex__(self, protocol):
-        return type(None), ()  # the unpickled engine shows its copy's views at its first call
+        """A view the body shows pickles as nothing (the unpickled engine shows its copy's views at its first call);
+        any other (a state dict's, `torch.save(model.state_dict())`) as the plain tensor it reads as."""
+        if self.where is not None:
+            return type(None), ()
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.__reduce_ex__(self.as_subclass(torch.Tensor), protocol)
 
     def __deepcopy__(self, memo):
         """The same weight of the copied engine's copy (a view of a view: a plain copy)."""
@@ -457,15 +713,17 @@ def _refuse_gradients(output, message: str):
     return type(output)(replaced.get(index, item) for index, item in enumerate(output))
 
 
-def held_repr(engine: OwnedEncoder) -> str:
-    """What `print(model)` shows of a module whose tensors the engine holds."""
+def held_repr(engine: OwnedEncoder, path: str = "") -> str:
+    """What `print(model)` shows of a module whose tensors the engine holds; `path`, where the module was in the body
+    when they were taken (what `give_back` puts back into it, wherever it is now)."""
     return f"weights held by runtime={engine.RUNTIME!r}: {engine.REMOVE} gives them back"
 
 
-def tensors_of(shadow) -> dict:
-    """The shadow's tensors by the names the graph reads them, as float32 numpy arrays."""
-    return {name: tensor.detach().float().numpy() for name, tensor in [*shadow.named_parameters(),
-                                                                       *shadow.named_buffers()]}
+def tensors_of(shadow, dtype: torch.dtype | None = None) -> dict:
+    """The shadow's tensors by the names the graph reads them, as float32 numpy arrays; rounded to `dtype` first
+    where given (what a move to it would hold)."""
+    return {name: (tensor.detach() if dtype is None else tensor.detach().to(dtype)).float().numpy()
+            for name, tensor in [*shadow.named_parameters(), *shadow.named_buffers()]}
 
 
 # The methods `hold` answers on each PreTrainedModel of a model it holds, for the weights the engines hold.
@@ -494,6 +752,15 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
             raise ValueError(f"{call} takes a float32 or bfloat16 model on the CPU, and {name} is "
                              f"{tensor.dtype} on {tensor.device}: call model.float().cpu() first.")
     outside = [name for name, tensor in _outside(model, units) if id(tensor) in inside]
+    computes = engine.PRECISIONS[precision]  # the dtype the engine holds the body in (None: the model's own)
+    other = next(((name, tensor.dtype) for name, tensor in _outside(model, units)
+                  if computes is not None and tensor.is_floating_point() and tensor.dtype != computes), None)
+    if other is not None:  # the body's output would meet layers of another dtype ("mat1 and mat2 must have ...")
+        keeps = [name for name, dtype in engine.PRECISIONS.items() if dtype is None]
+        raise ValueError(f"{call} at precision {precision!r} holds the encoder in {computes}, and {other[0]} after "
+                         f"it is {other[1]}: load the model in {computes} (from_pretrained(..., dtype={computes}), "
+                         f"or model.to({computes})) first"
+                         + (f", or ask for precision={keeps[0]!r}, which keeps the model's dtype." if keeps else "."))
     if outside:
         raise ValueError(f"{outside[0]} is shared with the encoder body that {call} would hold, and the two copies "
                          f"would part: run this model on runtime='onnxruntime' with its weights fed, or untie them.")
@@ -520,8 +787,14 @@ def held_tensors(model, buffers: bool = False):
         if name not in markers:
             yield name, tensor, tensor.requires_grad
     for path, engine in engines.items():
-        for name, tensor in engine.shadow.named_buffers() if buffers else engine.shadow.named_parameters():
-            yield f"{path}.{name}" if path else name, tensor, not buffers and name not in engine.frozen
+        marker = model.get_submodule(path)._parameters.get(engine.marker)
+        toggled = marker is not None and _read(marker, "requires_grad") != engine.trainable  # requires_grad_() since
+        seen = set()
+        for name, tensor, parameter, _ in engine.kept():
+            if parameter != buffers and id(tensor) not in seen:
+                seen.add(id(tensor))
+                trainable = parameter and (not engine.trainable if toggled else name not in engine.frozen)
+                yield f"{path}.{name}" if path else name, tensor, trainable
 
 
 def num_parameters(model, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:

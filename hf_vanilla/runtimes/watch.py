@@ -78,8 +78,9 @@ def class_code(unit) -> dict:
 
 
 def _tensor_meta(tensors: list) -> tuple:
-    return (list(map(torch.Tensor.data_ptr, tensors)), list(map(torch.Tensor.stride, tensors)),
-            list(map(_META, tensors)))
+    with torch._C.DisableTorchFunctionSubclass():  # an engine's marker (owned.HeldMarker) is read as a tensor
+        return (list(map(torch.Tensor.data_ptr, tensors)), list(map(torch.Tensor.stride, tensors)),
+                list(map(_META, tensors)))
 
 
 def run_by_a_call(name: str) -> bool:

@@ -83,8 +83,8 @@ class OpenVinoEncoder(OwnedEncoder):
         refuse_another_precision(compiled, precision)
         return compiled
 
-    def _compile(self, checked=None) -> None:
-        super()._compile(checked)
+    def _compile(self, checked=None, built=None) -> None:
+        super()._compile(checked, built)
         self.static, self.seen = {}, {}  # (B, T) -> its compilation; -> how many requests of it came before
 
     def for_shape(self, B: int, T: int):
