@@ -491,10 +491,9 @@ def test_fastest_without_text_to_check_on_measures_float32_only(graphs, scripted
         auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=["A sentence of real text."])
 
 
-def test_fastest_reads_the_built_in_sentences_with_the_tokenizer_saved_beside(graphs, scripted_clock, monkeypatch,
-                                                                              tmp_path):
-    """from_pretrained of a folder holding a tokenizer: the built-in English sentences, tokenized by it, are the
-    sample; texts given are tokenized by it too."""
+def save_word_tokenizer(folder) -> None:
+    """A tokenizer of the tiny model's 99 ids (the built-in sentences' first words, and [UNK] for the rest) that gives
+    segment ids, as BERT's does, saved in `folder`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -504,7 +503,34 @@ def test_fastest_reads_the_built_in_sentences_with_the_tokenizer_saved_beside(gr
     vocabulary = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3} | {word: 4 + i for i, word in enumerate(words)}
     backend = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                            model_input_names=["input_ids", "token_type_ids", "attention_mask"]).save_pretrained(folder)
+
+
+def test_the_sample_is_tokenized_as_the_model_reads_it(tmp_path):
+    """The built-in sentences tokenized by the model's tokenizer: batches of ROWS, within the positions, each row
+    with a real token; segment ids only where the model has token types (a BERT tokenizer gives them to any)."""
+    from hf_vanilla.runtimes import accuracy
+
+    save_word_tokenizer(tmp_path)
+    for type_vocab_size in (2, 0):
+        model = VanillaEncoderModel(VanillaEncoderConfig(**dict(CONFIG, type_vocab_size=type_vocab_size)))
+        model.name_or_path = str(tmp_path)
+        batches, text = accuracy.sample_batches(model, None)
+        assert text.startswith(f"{len(accuracy.SENTENCES)} built-in English sentences")
+        assert sum(len(batch["input_ids"]) for batch in batches) == len(accuracy.SENTENCES)
+        assert all(batch["input_ids"].shape[1] <= 64 and (batch["attention_mask"].sum(1) > 0).all()
+                   for batch in batches)
+        assert all(("token_type_ids" in batch) == bool(type_vocab_size) for batch in batches)
+
+
+def test_fastest_reads_the_built_in_sentences_with_the_tokenizer_saved_beside(graphs, scripted_clock, monkeypatch,
+                                                                              tmp_path):
+    """from_pretrained of a folder holding a tokenizer: the built-in English sentences, tokenized by it, are the
+    sample; texts given are tokenized by it too."""
+    from hf_vanilla.runtimes.accuracy import SENTENCES
+
+    save_word_tokenizer(tmp_path)
     model_of().save_pretrained(tmp_path)
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
     scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001})
@@ -512,10 +538,11 @@ def test_fastest_reads_the_built_in_sentences_with_the_tokenizer_saved_beside(gr
                                                 runtime_options={"cache_dir": graphs, "precision": "fastest"})
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime owned int8"
-    assert chosen.sample == f"{len(SENTENCES)} built-in English sentences, tokenized by {str(tmp_path)!r}'s tokenizer"
+    assert chosen.sample == f"{len(SENTENCES)} built-in English sentences, tokenized by the tokenizer in " \
+                            f"{str(tmp_path)!r}"
     model = VanillaEncoderModel.from_pretrained(tmp_path, runtime="auto", runtime_options={
         "cache_dir": graphs, "precision": "fastest", "sample": ["the bridge was closed", "rain fell"]})
-    assert auto.auto_choice(model).sample.startswith("2 texts given, tokenized by")
+    assert auto.auto_choice(model).sample == f"2 texts given, tokenized by the tokenizer in {str(tmp_path)!r}"
 
 
 def test_from_pretrained_runtime_auto(graphs, scripted_clock, monkeypatch, tmp_path):

@@ -43,7 +43,7 @@ def sample_batches(model, sample) -> tuple[list | None, str]:
             batches = _tokenized(tokenizer, list(SENTENCES), model.config)
         except ValueError as error:
             return None, f"the tokenizer saved with the model ({source}) cannot read the built-in sample: {error}"
-        return batches, f"{len(SENTENCES)} built-in English sentences, tokenized by {source}'s tokenizer"
+        return batches, f"{len(SENTENCES)} built-in English sentences, tokenized by the tokenizer in {source}"
     if isinstance(sample, collections.abc.Mapping):
         sample = [sample]
     if isinstance(sample, (str, bytes)) or not isinstance(sample, (list, tuple)) or not sample:
@@ -55,8 +55,8 @@ def sample_batches(model, sample) -> tuple[list | None, str]:
             raise ValueError(f"runtime='auto': sample texts are tokenized by the model's own tokenizer, and none is "
                              f"saved with it ({source}): save it beside the weights (tokenizer.save_pretrained), or "
                              f"pass tokenized batches: sample=[tokenizer(texts, padding=True, return_tensors='pt')].")
-        return _tokenized(tokenizer, list(sample), model.config), f"{len(sample)} texts given, tokenized by " \
-            f"{source}'s tokenizer"
+        return _tokenized(tokenizer, list(sample), model.config), f"{len(sample)} texts given, tokenized by the " \
+            f"tokenizer in {source}"
     if all(isinstance(batch, collections.abc.Mapping) for batch in sample):
         batches = [_checked(batch, model.config, index) for index, batch in enumerate(sample)]
         tokens = sum(int(batch["attention_mask"].sum()) for batch in batches)
@@ -82,8 +82,10 @@ def _tokenized(tokenizer, texts: list, config) -> list:
     limit = config.max_position_embeddings - getattr(config, "position_offset", 0)
     batches = []
     for start in range(0, len(texts), ROWS):
-        batch = tokenizer(texts[start:start + ROWS], padding=True, truncation=True, max_length=limit,
-                          return_tensors="pt")
+        batch = dict(tokenizer(texts[start:start + ROWS], padding=True, truncation=True, max_length=limit,
+                               return_tensors="pt"))
+        if not getattr(config, "type_vocab_size", 0):  # a BERT tokenizer in front of a model without token types
+            batch.pop("token_type_ids", None)
         batches.append(_checked(batch, config, start // ROWS))
     return batches
 
