@@ -9,7 +9,9 @@ A path is a way to run a float32 `VanillaEncoderModel` (`make`), and what it mus
 plain float32 model after the same edit, at the float32 rule (tests/numerics.py); for int8, a fresh `quantize_int8`
 of the edited float32 model (int8 owns its weights: its answer is the quantization's, exactly); for bfloat16, the
 float32 model at bfloat16's rule. The battery: right and left padding and `inputs_embeds`; ten kinds of weight edit,
-a module replaced and a method patched on a class (each on a padded and a dense request, which engines run apart),
+a module replaced and a method patched on a class (each on a padded and a dense request, which engines run apart);
+the edits a user makes through the model's own API (its parameters() and state_dict(), vector_to_parameters, a
+Parameter assigned in a weight's place), each followed, or refused with the model left as it was;
 and what is not a change (torch.compile wrapping nn.Module.__init__, which no call runs); concurrent calls from several
 threads; save_pretrained and from_pretrained; pickling and deep copies; a thread-count change; a later dtype move.
 The rows of an engine another row runs by another route or precision (`ENGINE_VARIANTS`) run part of it by default,
@@ -129,8 +131,10 @@ PATHS = [
     Path("bf16", lambda model: model.to(torch.bfloat16), torch.bfloat16,
          reload=lambda directory: VanillaEncoderModel.from_pretrained(directory, dtype=torch.bfloat16)),
     Path("compiled", lambda model: torch.compile(model, backend="aot_eager")),
-    # OpenVINO, and ONNX Runtime with owned=True, hold the weights: the model keeps none to edit, so only
-    # load_state_dict, a module replaced and a patched class reach them (each followed). Their int8 answers are their
+    # OpenVINO, and ONNX Runtime with owned=True, hold the weights: the model keeps none to edit (the edits by name
+    # reach none), so load_state_dict, a module or a Parameter assigned and a patched class reach them (each followed),
+    # and a write through parameters() or state_dict() is refused (test_an_edit_through_the_models_api_is_followed_or_
+    # refused). Their int8 answers are their
     # own int8 kernels' (OpenVINO's compressed weights; ONNX Runtime's int8 products, activations quantized per call),
     # which differ from float32 products on the dequantized weights by up to 1e-2 x max|output| (measured): no
     # float32 computation gives them exactly, so they are held to bfloat16's rule against float32 (an error of that

@@ -12,7 +12,14 @@ on both engines.
 - refused at attach with the fix named: a precision OpenVINO has no kernel for on this machine, and bf16 where it
   would compute float32 (a CPU without bf16 products, scripted);
 - refused at the call, naming the engine's remove_* call: training, a forward hook inside the body; that call gives
-  the weights back and the model trains again;
+  the weights back and the model trains again; gradients of the held weights, until the encoder is frozen;
+- refused where it happens, the model (state_dict, answers) left as it was: a write through parameters() (in place,
+  .data, an optimizer's step), vector_to_parameters, to_empty, a write into a state_dict() tensor, a move to meta;
+  state_dict()'s views copy out as plain tensors;
+- a Parameter or None assigned in a held tensor's place: followed, the module's other tensors kept, saved whole; a
+  plain tensor there: PyTorch's TypeError; what cannot be compiled (a wrong shape, a tie): every tensor kept, an
+  error naming the change at each call until repaired;
+- a head in another dtype than the engine holds the body in: refused at attach;
 - one engine at a time: another attached to a held model takes it over, the weights given back first;
 - what the user sets on `model.config` reaches the engine (`output_hidden_states`: the private copy answers);
 - ONNX Runtime's int8 weights: 8 bits where the CPU has VNNI or AMX, 7 elsewhere (CPU flags scripted); a token of

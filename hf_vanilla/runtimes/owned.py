@@ -4,26 +4,39 @@ compiles and how it runs it (`build`, `run`); this one says how the weights are 
 follows or refuses.
 
 Why own them. An engine's lead on short requests is that it lays each weight out for its kernels once, when it
-compiles (docs/performance.md: OpenVINO's profile on Zen 3 spent 11.5 of 12.3 ms in `FullyConnected`; fed the
-weights as inputs on every call, as `runtime="onnxruntime"` does by default, it is 2.3-4.4x slower at 16 tokens),
+compiles (docs/performance_history.md: OpenVINO's profile on Zen 3 spent 11.5 of 12.3 ms in `FullyConnected`;
+fed the weights as inputs on every call, as `runtime="onnxruntime"` does by default, an engine is slower at short
+requests: docs/deploy.md gives the cost),
 and int8 products need weights quantized once. A compiled copy can only be trusted while nothing else writes the
 weights, and nothing short of reading every weight tells a `.data` or numpy write from no write. So the engine
 takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`), and the
-body the user holds keeps its modules, config and code but no tensor (`model.parameters()` has none of them;
-`layer.weight` reads the shadow's through a `HeldTensor` view, which refuses every write by name), while what a
-user or a library asks of a model to inspect it answers from the shadow (`num_parameters`, `get_memory_footprint`;
-`model.dtype` and `model.device` from the marker). Every change then comes through a door the engine keeps:
-- `state_dict()` / `save_pretrained` write the shadow's tensors (copies) under the body's names, so any class
-  loads the checkpoint whole; `load_state_dict` (also `assign=True`) loads into the shadow and recompiles, also when
-  it fails half-way (as PyTorch leaves the model: what loaded is computed, on every path);
-- a module replaced or added, a method patched on a class, a config value changed (the body compared with what was
-  compiled on every call, `hf_vanilla.runtimes.watch`): the tensors go back into the body, and it is traced and
-  compiled again (seconds), with the new modules' own tensors;
-- `model.to(dtype)` to a dtype the engine computes in (`FOLLOWS`: OpenVINO float32 and bfloat16): the engine
-  follows (the shadow moves, the engine recompiles at that precision); to another dtype or device, it refuses,
-  naming the call that gives the weights back (`REMOVE`);
-- training (`model.train()`, or gradients asked of the body's weights through its outputs), a write into a held
-  weight, and forward hooks inside the body, which the graph would not run, are refused (`refusal`: what was
+body the user holds keeps its modules, config and code but no tensor. `model.parameters()` yields one empty marker
+in their place (`HeldMarker`): `model.to(...)` reaches the engine through it, `model.dtype` and `model.device` read
+it, its `requires_grad` is the held weights', and it refuses, where it happens, what would treat it as the weights (an
+in-place write, an optimizer's step, `.data =` as `vector_to_parameters` does, a move to another device), which would
+change nothing. `layer.weight` reads the shadow's through a `HeldTensor` view, which refuses every write by name, and
+what a user or a library asks of a model to inspect it answers from the shadow (`num_parameters`,
+`get_memory_footprint`). Every change then comes through a door the engine keeps:
+- `state_dict()` / `save_pretrained` give the shadow's tensors under the body's names as read-only views
+  (`HeldTensor`: they share the engine's memory as a PyTorch state dict shares the model's, so a write into one is
+  refused, not lost; `.clone()`, a deep copy and `torch.save` give plain tensors), and any class loads the checkpoint
+  whole; `load_state_dict` (also `assign=True`) loads copies into the shadow and recompiles, also when it fails
+  half-way (as PyTorch leaves the model: what loaded is computed, on every path);
+- a module replaced or added, a Parameter, a buffer or None assigned in a held tensor's place, a method patched on a
+  class, a config value changed (the body compared with what was compiled on every call, `hf_vanilla.runtimes.watch`):
+  the tensors go back into the body, each by name into the module it was taken from (what was assigned stays, the
+  module's other tensors with it), and it is traced and compiled again (seconds). A body that cannot then be compiled
+  keeps every tensor (its state_dict is the model as changed) and each call raises, naming the change, the cause and
+  the fixes, until it is repaired. What PyTorch refuses to assign (a plain tensor in a parameter's place) gets
+  PyTorch's TypeError at the next call, the weight put back; a tensor under two names inside the body is refused by
+  name (the graph reads each weight once);
+- `model.to(dtype)` to a dtype the engine computes in (`FOLLOWS`: OpenVINO float32 and bfloat16): followed, compiled
+  from the weights as the move rounds them and only then the shadow moved; where the engine cannot compile it, or to
+  another dtype, refused at every call until the model is moved back, the weights as they were. A move to another
+  device is refused at the move;
+- training (`model.train()`, or gradients asked of the body's weights through its outputs while the marker requires
+  grad: `model.base_model.requires_grad_(False)` freezes the encoder, and what is around it trains), a write into a
+  held weight, and forward hooks inside the body, which the graph would not run, are refused (`refusal`: what was
   attempted, which engine holds the weights, the call that gives them back).
 
 What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
@@ -37,7 +50,8 @@ rule).
 What it takes: the bodies of `vanilla_encoder` models (`model.base_model`, embeddings to pooler). It refuses a model
 whose other modules share a tensor with a body (a masked-LM head tied to the word embeddings: the body's copy and
 the head's would part), and encoder-decoders (their encoder shares the embeddings with the decoder): those run on
-`runtime="onnxruntime"` with its weights fed.
+`runtime="onnxruntime"` with its weights fed. It refuses a model whose layers after the body are in another dtype than
+the engine holds the body in (a bfloat16 classifier over an engine at float32 would meet a float32 output).
 """
 
 import copy
