@@ -13,7 +13,7 @@ import importlib
 import importlib.abc
 import sys
 
-__version__ = "0.2.0"
+from .version import __version__
 
 # The modules whose `__all__` make up the public API, each listing its own names once.
 _PUBLIC_MODULES = ("auto", "configuration_vanilla", "modeling_vanilla")

@@ -4,10 +4,10 @@ Every projection in the model (W^Q, W^K, W^V, W^O, the feed-forward's W1 and W2,
 an `nn.Linear` whose CPU float32 inference may run oneDNN's matmul instead of the BLAS call behind `F.linear`
 (MKL's sgemm on x86 builds of torch). It is the same product of the same weights in another kernel, which differs
 only in the order it sums (outputs within float32 rounding). It exists because MKL is slow on the skinny products
-of small requests and generation (1.6-2.8x at 8-16 rows on AMD Zen 4); docs/performance.md has the measurements.
+of small requests and generation (1.6-2.8x at 8-16 rows on AMD Zen 4); docs/performance_history.md has the measurements.
 
-Which of the two is faster depends on the CPU, the shape, the number of rows, the threads and the cache: on the
-Intel Xeon of issue 19, oneDNN lost 0.71x on MiniLM's 384 x 384 projections at 16 rows, where it gains on AMD, and
+Which of the two is faster depends on the CPU, the shape, the number of rows, the threads and the cache: on an
+Intel Xeon a user measured, oneDNN lost 0.71x on MiniLM's 384 x 384 projections at 16 rows, where it gains on AMD, and
 no size threshold is right on both. So the choice is measured, per process, in the model (policy "measure", the
 default): for each key (in_features, out_features, rows rounded up to a power of two and capped at 1024, torch's
 thread count), the eligible calls time the two kernels until each has `CALIBRATION_CALLS` timings, and all return
@@ -63,7 +63,7 @@ def is_transformed() -> bool:
     return torch._C._functorch.maybe_current_level() is not None or torch.autograd.forward_ad._current_level >= 0
 
 
-# x86-64 only: where torch's float32 products otherwise go to MKL, the comparison measured (docs/performance.md).
+# x86-64 only: where torch's float32 products otherwise go to MKL, the comparison measured (docs/performance_history.md).
 _ONEDNN = (
     platform.machine().lower() in ("x86_64", "amd64")
     and torch.backends.mkldnn.is_available()
@@ -78,7 +78,7 @@ if POLICY not in POLICIES:
 MIN_WEIGHTS = 2**12
 CALIBRATION_CALLS = 6  # timed calls of each kernel per shape
 MIN_GAIN = 1.05
-MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance.md)
+MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance_history.md)
 # oneDNN (the challenger) or F.linear, per key: see the module docstring and hf_vanilla/measure.py.
 CHOICE = MeasuredChoice("linear kernel: oneDNN?", ("blas", "onednn"), "onednn", CALIBRATION_CALLS, MIN_GAIN)
 

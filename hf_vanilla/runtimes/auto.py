@@ -7,7 +7,7 @@
 
 Why. Which way of running an encoder is fastest depends on the CPU, the request size and the libraries installed:
 on AMD Zen 5 OpenVINO holding the weights led at every size, on a 2-core AVX2-only EPYC ONNX Runtime holding them
-was 1.11x faster on one short request after an idle gap (issue 46), and docs/deploy.md could only answer from the
+was 1.11x faster on one short request after an idle gap, and docs/deploy.md could only answer from the
 CPUs it was measured on. So the choice is measured where the model runs.
 
 What is measured. The installed paths (`PATHS`; one whose packages are missing, or that refuses this model, is not
@@ -30,7 +30,7 @@ VMs measured, and the best of a few samples chose by luck (MiniLM, eight loads: 
 twice). 5-6 s for MiniLM on 2 cores, attaching included, 18-33 s for a model of bert-base's size, once per
 machine (the decision is kept, below). A machine saturated throughout defeats it (docs/performance.md: on 2 cores
 under a load of 6-9, inside a process holding some twenty engines, every MiniLM engine measured level with PyTorch,
-where OpenVINO is 2.6x faster when quiet). Its cost, with the attach of every path, is logged at INFO.
+where OpenVINO runs it 2.5-2.7x faster than eager PyTorch when quiet). Its cost, with the attach of every path, is logged at INFO.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine on the short request (no padding) and at a reduced precision, else the
@@ -95,7 +95,6 @@ import math
 import os
 import stat
 import statistics
-import sys
 import time
 import warnings
 import weakref
@@ -105,6 +104,7 @@ import transformers
 
 from .. import measure
 from ..precision import bf16_is_fast, cpu_capabilities, cpu_flags, cpu_name, cpu_vendor
+from ..version import __version__
 from .accuracy import digest, lowest_cosine, sample_batches
 from .attached import take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
@@ -112,11 +112,6 @@ from .options import checked
 
 logger = logging.getLogger(__name__)
 
-
-def _own_version() -> str:
-    """hf_vanilla's version, read off the package (loaded before any module inside it): imported from there, it would
-    be the one upward import in the house (tests/test_architecture.py)."""
-    return sys.modules[__name__.partition(".")[0]].__version__
 
 def _apply(model, runtime: str, **options):
     """The built-in engine `runtime` ("onnxruntime" or "openvino") put on `model`: imported here, not through
@@ -408,7 +403,7 @@ def _accuracy(models: dict, batches: list | None, left_out: dict, sample: str) -
 def _time(runs: dict) -> dict:
     """{path: {request: median seconds}}: each path's first calls untimed (a compilation of the request's own shape
     comes at the second: OpenVINO's `static_shapes`; PyTorch's first calls of a shape time its matrix kernels, and
-    a call that did is not counted, as in runtimes/choice.py), then rounds, at least ROUNDS and until BUDGET_S seconds
+    a call that did is not counted), then rounds, at least ROUNDS and until BUDGET_S seconds
     have passed since the first (untimed calls included), read on `measure.clock`, each request timed as such
     requests come: the short query `QUERIES` times per path and round, each call after IDLE_S of sleep and after
     another path's call (balanced orders); the padded batch in a block per path and round, back to back, its first
@@ -527,7 +522,7 @@ def _cpu() -> dict:
 
 def versions() -> dict:
     """The versions the decision depends on (None: not installed)."""
-    found = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_vanilla": _own_version()}
+    found = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_vanilla": __version__}
     for package in ("onnxruntime", "openvino"):
         try:
             found[package] = importlib.metadata.version(package)
@@ -639,7 +634,7 @@ _kinds = {stat.S_IFIFO: "named pipe", stat.S_IFDIR: "folder", stat.S_IFCHR: "cha
 def saturated() -> str | None:
     """Why this machine is too busy for a measurement worth keeping (more runnable threads on average over the last
     minute than cores this process may use), or None. Measured on two cores under a load of 6-9, every engine read
-    level with PyTorch where it is 2.6x faster on the quiet machine (docs/performance.md): such a decision serves the
+    level with PyTorch where OpenVINO is 2.5-2.7x faster on a quiet one (docs/performance.md): such a decision serves the
     process that made it, and is not written for the next."""
     try:
         load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
