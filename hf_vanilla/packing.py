@@ -9,6 +9,10 @@ that makes more of them neighbours), so a mostly full batch, or many sentences o
 rather than one per sequence. On a CUDA GPU in half precision, where each call waits on Python, the whole batch is
 one flash-attention call instead (`one_kernel_call`). The result is scattered back to (B, T, E) once, at the end.
 
+A stack decides all this once per batch, in a `BatchPlan` (which sequence each token belongs to, its positions, the
+padding-free layout and with it the real tokens' index), which every step after reads: the embeddings and layers,
+the padded path's masks, and the heads, to which the body's output carries it.
+
 Two inputs arrive this way:
 - a padded batch: a 2-D `attention_mask` whose every row starts with a real token (right padding, as BERT-family
   tokenizers pad); each row's real tokens are one sequence;
