@@ -32,7 +32,7 @@ Engines, each given the same number of threads (--threads, default 2):
     hf_vanilla auto  ours after `hf_vanilla.runtimes.auto.use_auto(model)` (`runtime="auto"`): whichever of the
                     paths above measured fastest at attach (printed with its timings; cold start has the
                     cost), per request size that engine or eager PyTorch; its float32 row also says auto /
-                    the fastest float32 engine (ours included), the issue 46 goal
+                    the fastest float32 engine (ours included), the figure auto is held to
     hf_vanilla auto fastest  the same at `precision="fastest"` (int8 and bf16 paths too, at a lowest token cosine of
                     0.984 or more on its probe); in the any-precision table against the fastest engine of all (ours
                     included), each one's accuracy beside
@@ -600,7 +600,7 @@ def generation_engines(case, directory, cold, threads, precisions, compiled):
 
 def reduced_generate_engines(ours, input_ids, mask, new_tokens, precisions) -> list:
     """Ours decoding in bf16 and in int8 (`quantize_int8`: every encoder and decoder projection), each on its own copy
-    of the float32 model, beside CTranslate2's int8: the Marian case at every precision (issue 34)."""
+    of the float32 model, beside CTranslate2's int8: the Marian case at every precision."""
     import copy
 
     from hf_vanilla.precision import quantize_int8

@@ -1,4 +1,4 @@
-"""`VanillaLinear`: nn.Linear, whose CPU float32 inference may run oneDNN's matmul (issues 7 and 19).
+"""`VanillaLinear`: nn.Linear, whose CPU float32 inference may run oneDNN's matmul.
 
 Where oneDNN runs, the output must equal nn.Linear's within the float32 rule of tests/numerics.py (two kernels
 summing in other orders); everywhere else (autograd, torch.func transforms and forward-mode AD, autocast, small

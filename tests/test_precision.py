@@ -18,13 +18,13 @@ from hf_vanilla.precision import Int8Linear, bf16_is_fast, native_bf16_cpu, quan
 @pytest.mark.parametrize(("amx", "avx512_bf16", "vendor", "fast"), [
     (False, False, "AuthenticAMD", False),  # AMD Zen 3: AVX2 only, bf16 emulated
     (False, True, "AuthenticAMD", True),  # AMD Zen 4 and Zen 5: 1.8-2.1x float32
-    (False, True, "GenuineIntel", False),  # issue 28's Xeon, AVX-512 BF16 without AMX: 0.67-0.92x
+    (False, True, "GenuineIntel", False),  # a user's Xeon, AVX-512 BF16 without AMX: 0.67-0.92x
     (True, True, "GenuineIntel", True),  # Sapphire Rapids and later: 2.9-4.1x
     (False, False, "GenuineIntel", False),
 ])
 def test_bf16_is_fast_by_the_hardware_alone(monkeypatch, amx, avx512_bf16, vendor, fast):
     """The decision reads the CPU's capability and vendor, never a clock: it cannot flip with the machine's load
-    (issue 34: a timing in the process answered False on an AMX Xeon under load, where bf16 was 2.7-13.5x faster)."""
+    (a timing in the process once answered False on an AMX Xeon under load, where bf16 was 2.7-13.5x faster)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(precision, "cpu_vendor", lambda: vendor)

@@ -643,7 +643,7 @@ def test_a_bfloat16_model_is_refused_naming_the_fix(graphs, scripted_clock, monk
 
 
 @pytest.mark.parametrize("flags, vendor, expected", [
-    ({"avx2", "fma"}, "AuthenticAMD",  # AMD Zen 3, the AVX2-only EPYC of issue 46
+    ({"avx2", "fma"}, "AuthenticAMD",  # AMD Zen 3, the AVX2-only EPYC where ONNX Runtime led
      dict(avx512=False, avx512_vnni=False, bf16_fast=False, fbgemm_int8_bits=7, mlas_int8_bits=7)),
     ({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}, "AuthenticAMD",  # Zen 4, Zen 5
      dict(avx512=True, avx512_vnni=True, bf16_fast=True, fbgemm_int8_bits=8, mlas_int8_bits=8)),

@@ -12,7 +12,7 @@ model never imports it: hf_vanilla/runtime_registry.py names each engine and imp
     auto.py           whichever of those (or eager PyTorch) measured fastest for the model on this machine, the
                       decision kept beside the graphs (`runtime="auto"`)
 
-What they share, a room per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
+What they share, a module per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
 
     attached.py       what every engine is (in front of a module's forward, able to give it back), and taking
                       engines off: one engine at a time

@@ -18,7 +18,7 @@ only way to its int8 products (`precision="int8"`), under the ownership contract
 
 engine.py holds OnnxEncoder: attach (trace or find the graph, probe it), the call (ONNX Runtime or PyTorch, which
 answers a request size), pickling; held.py the engine holding its weights. What they share with the other engines
-is one floor up, in hf_vanilla/runtimes/.
+is in the package above, hf_vanilla/runtimes/.
 """
 
 import torch
