@@ -223,3 +223,22 @@ def test_auto_counts_the_engine_where_the_choice_does_not_measure():
     assert auto._effective("openvino", "short", times) == 2.0
     assert auto._effective("openvino", "padded", times) == 1.0
     assert auto._effective("openvino int8", "padded", times) == 2.0
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_what_the_graph_cannot_compute_goes_to_pytorch(name, graphs, monkeypatch):
+    """transformers' packed format (sequences end to end in a row, given by `cu_seq_lens_*` without `position_ids`)
+    and a call that asks for the padding positions' states (`outputs_at_padding`, as a loss reading them asks) are
+    answered by PyTorch, as the plain model answers them, every position compared; the graph, which computes one
+    sequence a row and leaves padding out, is not called."""
+    plain, model, engine = attached(name, graphs)
+    ran = []
+    monkeypatch.setattr(engine, "_engine", lambda *args, **kwargs: ran.append("engine"))
+    generator = torch.Generator().manual_seed(1)
+    row = torch.randint(1, CONFIG["vocab_size"], (1, 12), generator=generator)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    packed = {"input_ids": row, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 7, "max_length_k": 7}
+    assert_close(call(model, packed), call(plain, packed))
+    with_padding = padded() | {"outputs_at_padding": True}
+    assert_close(call(model, with_padding), call(plain, with_padding))
+    assert ran == []

@@ -18,6 +18,7 @@ from transformers.modeling_outputs import (
 
 from ..export import example_inputs
 from ..kernels import is_tracing
+from ..packing import FORMAT_KEYWORDS
 from . import choice
 
 # The check at attach: a right-padded (2, PROBE_TOKENS) request, both ways, within PROBE_TOLERANCE x max(1, |output|).
@@ -58,15 +59,17 @@ def serve(config, arguments: dict, token_types: bool, decisions, engine, pytorch
 
 def request_feeds(config, arguments: dict, token_types: bool) -> dict | None:
     """The graph's inputs for a call of an encoder with `arguments` (its arguments by name), or None where PyTorch
-    must answer it: the graph computes `input_ids` (not `inputs_embeds`) at default positions, with no cache, no
+    must answer it: the graph computes `input_ids` (not `inputs_embeds`) at default positions, one sequence a row
+    (not transformers' packed format), no padding position's state asked for (a loss that reads them), no cache, no
     cross-attention, no attention maps or hidden states asked for (argument, else `config`), not while tracing,
     and input `feeds_for` plainly accepts. `token_types`: whether the graph reads segment ids (zeros where the call
     gives none; a call giving them to a graph that reads none goes to PyTorch). The one request check of every
     engine."""
-    get = arguments.get
+    get = (arguments | (arguments.get("kwargs") or {})).get  # what a forward takes through **kwargs, when bound
     input_ids, token_type_ids = get("input_ids"), get("token_type_ids")
     if (
         input_ids is None or get("inputs_embeds") is not None or get("position_ids") is not None
+        or any(get(name) is not None for name in FORMAT_KEYWORDS) or get("outputs_at_padding")
         or get("past_key_values") is not None or get("encoder_hidden_states") is not None
         or (config.output_attentions if get("output_attentions") is None else get("output_attentions"))
         or (config.output_hidden_states if get("output_hidden_states") is None else get("output_hidden_states"))
