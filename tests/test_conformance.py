@@ -1,4 +1,4 @@
-"""Every execution path answers as plain PyTorch on the same model, or refuses clearly (issue 33).
+"""Every execution path answers as plain PyTorch on the same model, or refuses clearly.
 
 A fast path that keeps something derived from the model (a graph, a quantized weight, a timing decision) owns it:
 every way of changing the source is followed or refused, what it saves reloads to the same answers, and calls from

@@ -1,4 +1,4 @@
-"""What a user passes an engine, and a model on one, checked the same on every path (issue 45).
+"""What a user passes an engine, and a model on one, checked the same on every path.
 
 - `runtime_options` (and the same arguments of `use_onnx_runtime` / `use_openvino`): a wrong value is refused with
   one line naming the option, the value and what is accepted, the same from the Python call and from

@@ -9,13 +9,13 @@ Against transformers' own models on the same weights (small random BERTs with th
 - generate() with the encoder on ONNX Runtime gives transformers' tokens;
 - what ONNX Runtime cannot answer runs in PyTorch, with PyTorch's results: hidden states asked for, autograd, bad
   input (PyTorch's error);
-- the weights the model holds are the ones computed with (issue 29, item 1): after each of ten edits that once left
+- the weights the model holds are the ones computed with: after each of ten edits that once left
   the graph serving the old weights, and a forward hook inside the encoder, the answer is PyTorch's on the edited
   model; writes into the weights' memory and tensors replaced by others of the same shape still run on ONNX
   Runtime; changes of structure or config run PyTorch, with a warning naming the fix; a deep copy runs its own
   weights;
-- the cache (issue 29, item 2): a second attach reuses the graph without exporting; a truncated, emptied, replaced
-  or forged entry is exported again; a directory in its place is left alone (issue 33: the cache removes only files
+- the cache: a second attach reuses the graph without exporting; a truncated, emptied, replaced
+  or forged entry is exported again; a directory in its place is left alone (the cache removes only files
   it can tell it wrote) and the graph runs from memory; the folder comes from `runtime_options`, then
   $HF_VANILLA_ONNX_CACHE; a cache that cannot be written gives one warning and still runs ONNX Runtime; leftovers
   of dead exports are removed, and nothing of the user's beside them;
@@ -256,7 +256,7 @@ def test_what_onnx_runtime_cannot_answer_runs_in_pytorch(base):
     assert calls.count == 0
 
 
-# ---- the weights the model holds (issue 29, item 1) ------------------------------------------------------------
+# ---- the weights the model holds -------------------------------------------------------------------------------------
 
 
 class LowRank(torch.nn.Module):
@@ -383,7 +383,7 @@ def test_a_deep_copy_runs_its_own_weights(base):
     assert [c.count for c in calls] == [1, 1]
 
 
-# ---- the graph cache (issue 29, item 2) ------------------------------------------------------------------------
+# ---- the graph cache -------------------------------------------------------------------------------------------------
 
 
 def forged(graph: bytes, key: str, directory: Path) -> None:
@@ -503,7 +503,7 @@ def test_a_cache_that_cannot_be_written_warns_once_and_still_runs(base, tmp_path
 
 def test_leftovers_of_dead_exports_are_removed_and_nothing_else(base, tmp_path, exports):
     """Only the cache's own staging files (`.export-<host>-<pid>-<8 hex>.onnx`, regular files) of dead processes go;
-    a user's files and folders whose names merely start with `.export-`, however old, stay (issue 33, item 6: a
+    a user's files and folders whose names merely start with `.export-`, however old, stay (a
     user's `.export-notes.txt` and `.export-photos/` were removed)."""
     _, _, eager, _ = base
     host = socket.gethostname()
