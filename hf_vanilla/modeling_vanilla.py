@@ -76,9 +76,9 @@ class VanillaPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, runtime: str | None = None, runtime_options: dict | None = None, **kwargs):
-        """transformers' `from_pretrained`, with one more option: `runtime="onnxruntime"` runs the encoder on ONNX
-        Runtime wherever that gives the same answer, and PyTorch elsewhere; `runtime_options` go to the engine. The
-        engine is found by name in runtime_registry.py and wraps the model from beside it (docs/deploy.md)."""
+        """transformers' `from_pretrained`, and `runtime`: "onnxruntime", "openvino" or "auto" (the fastest installed,
+        timed here at load) runs the encoder on that engine where it gives the same answer, PyTorch elsewhere, with
+        `runtime_options`; found by name in runtime_registry.py, it wraps the model from beside it (docs/deploy.md)."""
         model = super().from_pretrained(*args, **kwargs)
         return model if runtime is None else apply_runtime(model, runtime, **(runtime_options or {}))
 
