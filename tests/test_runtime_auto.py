@@ -34,7 +34,7 @@ from hf_vanilla import (
 from hf_vanilla.runtimes.choice import key_of, runtime_choices
 
 pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
-from hf_vanilla.runtimes import auto  # noqa: E402
+from hf_vanilla.runtimes import auto, decision  # noqa: E402
 from hf_vanilla.runtimes.accuracy import sample_batches  # noqa: E402
 
 SATURATED = auto.saturated  # the autouse fixture below scripts it
@@ -216,18 +216,18 @@ def test_the_decision_is_kept_and_measured_again_where_it_does_not_apply(graphs,
     answers_as_pytorch(second.base_model, model_of(VanillaEncoderForSequenceClassification, seed=1).base_model)
 
     paths = auto._candidates("f32")[0]
-    keys = {auto.decision_key(second, "f32", 2, paths)}
-    flags = auto.cpu_flags()
-    monkeypatch.setattr(auto, "cpu_flags", lambda: flags ^ {"avx512_vnni"})  # another CPU
-    keys.add(auto.decision_key(second, "f32", 2, paths))
+    keys = {decision.decision_key(second, "f32", 2, paths)}
+    flags = decision.cpu_flags()
+    monkeypatch.setattr(decision, "cpu_flags", lambda: flags ^ {"avx512_vnni"})  # another CPU
+    keys.add(decision.decision_key(second, "f32", 2, paths))
     calls.clear()
     again = auto.use_auto(model_of(VanillaEncoderForSequenceClassification), cache_dir=graphs)
     assert calls and not auto.auto_choice(again).cached and len(list(graphs.glob("auto-*.json"))) == 2
-    found = auto.versions()
-    monkeypatch.setattr(auto, "versions", lambda: dict(found, openvino="0.0.1"))
-    keys.add(auto.decision_key(second, "f32", 2, paths))
-    keys.add(auto.decision_key(second, "f32", 3, paths))
-    keys.add(auto.decision_key(second, "fastest", 3, paths))
+    found = decision.versions()
+    monkeypatch.setattr(decision, "versions", lambda: dict(found, openvino="0.0.1"))
+    keys.add(decision.decision_key(second, "f32", 2, paths))
+    keys.add(decision.decision_key(second, "f32", 3, paths))
+    keys.add(decision.decision_key(second, "fastest", 3, paths))
     assert len(keys) == 5
 
 
@@ -236,13 +236,13 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
     """A kept decision that is empty, not JSON, incomplete, names a path that is not a candidate, or was written for
     another key is never trusted: a warning, a new measurement, a rewritten file."""
     model = model_of()
-    kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
+    kept = decision.decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
     record = kept_record("onnxruntime")
     if damage == "wrong path":
-        damage = json.dumps({"format": auto.FORMAT, "key": kept.stem[5:],
+        damage = json.dumps({"format": decision.FORMAT, "key": kept.stem[5:],
                              "choice": dict(record, runtime="../../etc/passwd")}).encode()
     elif damage == "foreign key":
-        damage = json.dumps({"format": auto.FORMAT, "key": "0" * 32, "choice": record}).encode()
+        damage = json.dumps({"format": decision.FORMAT, "key": "0" * 32, "choice": record}).encode()
     kept.write_bytes(damage)
     calls = []
     scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001}, calls)
@@ -250,7 +250,7 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
         auto.use_auto(model, cache_dir=graphs)
     assert calls and auto.auto_choice(model).runtime == "onnxruntime"
     assert json.loads(kept.read_text())["choice"]["runtime"] == "onnxruntime"
-    assert auto._read(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
+    assert decision.read_decision(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
 
 
 def kept_record(runtime: str) -> dict:
@@ -289,11 +289,11 @@ def test_a_decision_file_of_another_kind_is_ignored_never_hanging(kind, says, gr
     answers as plain PyTorch. The pipe and the bytes are replaced by the new decision; a folder is left, and the
     decision kept by this process only."""
     model, plain = model_of(), model_of()
-    kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
+    kept = decision.decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
     if kind == "nested brackets":
         kept.write_text("[" * 100_000 + "]" * 100_000)
     elif kind == "oversized":
-        kept.write_bytes(b" " * (auto.MAX_DECISION_BYTES + 1))
+        kept.write_bytes(b" " * (decision.MAX_DECISION_BYTES + 1))
     elif kind == "named pipe":
         os.mkfifo(kept)
     elif kind == "folder":
@@ -310,7 +310,7 @@ def test_a_decision_file_of_another_kind_is_ignored_never_hanging(kind, says, gr
     if kind == "folder":
         assert kept.is_dir() and chosen.file is None
     else:
-        assert auto._read(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
+        assert decision.read_decision(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
 
 
 @pytest.mark.parametrize("how", ["refuses the model", "fails to import"])
@@ -335,8 +335,8 @@ def test_a_kept_path_that_cannot_run_the_model_is_ignored(how, graphs, scripted_
         monkeypatch.setattr(auto, "_apply", broken)
         make, refusal = model_of, r"libopenvino"
     model = make()
-    kept = auto._decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
-    kept.write_text(json.dumps({"format": auto.FORMAT, "key": kept.stem[5:], "choice": kept_record("openvino")}))
+    kept = decision.decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
+    kept.write_text(json.dumps({"format": decision.FORMAT, "key": kept.stem[5:], "choice": kept_record("openvino")}))
     calls = []
     scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.1, "pytorch": 0.3}, calls)
     with pytest.warns(UserWarning, match=rf"ignored the kept decision .*\(openvino refused this model: .*{refusal}.*"
@@ -592,20 +592,20 @@ def test_the_key_is_the_models_shape_and_at_fastest_its_weights():
     or dtype does not. At "fastest" the weights and the sample are in the key too: a reduced precision's accuracy is
     theirs."""
     paths = list(auto.PATHS[:2])
-    one, two = (auto.decision_key(model_of(seed=seed), "f32", 2, paths) for seed in (0, 1))
-    wider = auto.decision_key(VanillaEncoderModel(VanillaEncoderConfig(**dict(CONFIG, hidden_size=64))).eval(),
+    one, two = (decision.decision_key(model_of(seed=seed), "f32", 2, paths) for seed in (0, 1))
+    wider = decision.decision_key(VanillaEncoderModel(VanillaEncoderConfig(**dict(CONFIG, hidden_size=64))).eval(),
                               "f32", 2, paths)
-    bf16 = auto.decision_key(model_of().to(torch.bfloat16), "f32", 2, paths)
+    bf16 = decision.decision_key(model_of().to(torch.bfloat16), "f32", 2, paths)
     assert one == two != wider and bf16 != one
     batches = sample_batches(model_of(), PLAIN)[0]
-    fastest = {seed: auto.decision_key(model_of(seed=seed), "fastest", 2, paths, batches) for seed in (0, 1)}
-    assert fastest[0] != fastest[1] and fastest[0] == auto.decision_key(model_of(), "fastest", 2, paths, batches)
+    fastest = {seed: decision.decision_key(model_of(seed=seed), "fastest", 2, paths, batches) for seed in (0, 1)}
+    assert fastest[0] != fastest[1] and fastest[0] == decision.decision_key(model_of(), "fastest", 2, paths, batches)
     edited = model_of()
     with torch.no_grad():
         edited.encoder.embeddings.norm.weight[7] *= 20  # one channel: an outlier
-    assert auto.decision_key(edited, "fastest", 2, paths, batches) != fastest[0]
+    assert decision.decision_key(edited, "fastest", 2, paths, batches) != fastest[0]
     other = sample_batches(model_of(), sample_of([1, 2, 3]))[0]
-    assert auto.decision_key(model_of(), "fastest", 2, paths, other) != fastest[0]
+    assert decision.decision_key(model_of(), "fastest", 2, paths, other) != fastest[0]
 
 
 def test_a_fastest_decision_is_measured_again_for_other_weights(graphs, scripted_clock, monkeypatch):

@@ -10,7 +10,7 @@ model never imports it: hf_vanilla/runtime_registry.py names each engine and imp
                       holding the encoder bodies' weights, at float32 or int8 (`runtime_options={"owned": True}`)
     openvino/         OpenVINO for the encoder bodies, holding their weights (`runtime="openvino"`)
     auto.py           whichever of those (or eager PyTorch) measured fastest for the model on this machine, the
-                      decision kept beside the graphs (`runtime="auto"`)
+                      decision kept beside the graphs (`runtime="auto"`; decision.py: the paths, the key, the file)
 
 What they share, a module per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
 
@@ -19,6 +19,7 @@ What they share, a module per job (both need the onnx extra: they run the graph 
     options.py        the engines' options (precision, threads, cache_dir, ...), checked in one place
     owned.py          how an engine holds the weights it compiled: taken at attach, saved and loaded through its
                       doors, each change followed or refused
+    holding.py        what it holds them with: the marker, the read-only views, giving the tensors back
     choice.py         which answers a request size, the engine or PyTorch, measured in the process
     watch.py          what the graph was traced from, and the check on every call that the model is still that
     cache.py          graphs on disk: keys, checks, atomic writes, what may be removed

@@ -17,11 +17,18 @@ class Engine:
         raise NotImplementedError
 
 
+def engine_of(module) -> Engine | None:
+    """The engine in front of `module`'s forward, or None: an engine is an attribute of the module itself, set over
+    its class's `forward`, so the module's own `__dict__` is read, never the class's method."""
+    found = vars(module).get("forward")
+    return found if isinstance(found, Engine) else None
+
+
 def take_off(model, engine: type | tuple = Engine):
     """Every engine of class `engine` (a class or a tuple of them; by default any) in front of one of `model`'s
     modules gives its module back. Returns `model`."""
     for module in list(model.modules()):
-        attached = vars(module).get("forward")
+        attached = engine_of(module)
         if isinstance(attached, engine):
             attached.give_back()
     return model

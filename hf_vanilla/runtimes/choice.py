@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .. import kernels, measure
+from .attached import engine_of
 
 # "measure" (the default) or "engine"; read at import, and read again by the engines on every call.
 CHOICE = os.environ.get("HF_VANILLA_RUNTIME_CHOICE", "measure")
@@ -104,7 +105,7 @@ def runtime_choices(model) -> dict[tuple, bool | None]:
     precision, go to the engine unmeasured and are not listed."""
     choices = {}
     for module in model.modules():
-        engine = vars(module).get("forward")
+        engine = engine_of(module)
         decisions = compared(getattr(engine, "choice", None), getattr(engine, "precision", "f32"))
         if isinstance(decisions, measure.MeasuredChoice):
             choices.update(decisions.decisions(pending=True))

@@ -78,7 +78,7 @@ def class_code(unit) -> dict:
 
 
 def _tensor_meta(tensors: list) -> tuple:
-    with torch._C.DisableTorchFunctionSubclass():  # an engine's marker (owned.HeldMarker) is read as a tensor
+    with torch._C.DisableTorchFunctionSubclass():  # an engine's marker (holding.HeldMarker) is read as a tensor
         return (list(map(torch.Tensor.data_ptr, tensors)), list(map(torch.Tensor.stride, tensors)),
                 list(map(_META, tensors)))
 

@@ -40,7 +40,8 @@ import torch
 from openvino import opset13 as ops
 
 from ...export import example_inputs
-from ..owned import OwnedEncoder, tensors_of
+from ..holding import tensors_of
+from ..owned import OwnedEncoder
 
 
 # Input channels per activation scale in OpenVINO's int8 products (the module docstring: measured, not OpenVINO's 32).
