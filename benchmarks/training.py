@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """One optimizer step of hf_vanilla against transformers on the same weights: what padding-free training buys.
 
-    python benchmarks/training.py                              # every case (over 40 minutes on 2 busy cores)
+    python benchmarks/training.py                              # every case, float32 and bf16 (over an hour)
     python benchmarks/training.py --cases minilm-long,seq2seq  # a selection; --list names them
+    python benchmarks/training.py --precision float32          # one precision (float32, bf16)
     python benchmarks/training.py --rounds 3 --json out.json   # fewer rounds; the figures as JSON too
 
 A step is forward, loss, backward and AdamW, with dropout 0 (so that both sides compute the same function), on
@@ -14,10 +15,17 @@ otherwise. Contenders:
                  micro-batch losses are weighted so that their sum is the full batch's loss
     hf_vanilla   ours on the padded batch as is: it runs padding-free (hf_vanilla/packing.py)
 
+Precisions: float32, and bf16 as `Trainer(bf16=True)` runs it on a CPU: float32 weights, gradients and AdamW, the
+forward and the loss under `torch.autocast("cpu", dtype=torch.bfloat16)` (the backward follows autocast's casts),
+every contender alike. bf16 is faster than float32 only where the CPU multiplies bf16 natively (AMX, or AVX-512 BF16
+on AMD: hf_vanilla.precision.bf16_is_fast); the run prints the CPU and whether it does.
+
 Checks, in the run: before any update, on identical weights, ours and transformers' (padded) must give the same
 loss and the same gradient for every parameter (ours mapped onto transformers' names with the converters of
 hf_vanilla/conversion/formats), both at the float32 rule of tests/numerics.py; and the grouped step's loss must equal
-the padded one's. A case that fails its check is reported as failed and not timed.
+the padded one's. In bf16, ours and the grouped step are held to transformers' float32 padded step at the bf16 rule
+(5e-2 x max(1, |expected|)); transformers' own bf16 distance from it is printed beside. A case that fails its check
+is reported as failed and not timed.
 
 Method: rounds in which each contender runs one step, in an order that rotates every round (each contender first,
 second and third equally often); the figure is the median time over rounds, with its interquartile range, and the
@@ -26,6 +34,7 @@ printed beside every figure, and ratios from one run are what to compare.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -41,9 +50,11 @@ import hf_vanilla  # noqa: F401  (registers the Auto classes)
 from hf_vanilla.conversion.formats.bart import FORMAT as BART
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.conversion.parity import tolerance  # the one rule, which tests/numerics.py applies too
+from hf_vanilla.precision import bf16_is_fast, cpu_flags, cpu_name, native_bf16_cpu
 
 ROWS, MICRO_BATCHES = 16, 4
 LONGEST_LARGE = 128  # the longest row of the bert-base and BART-base cases (MiniLM's: 256), to keep a run short
+PRECISIONS = {"float32": torch.float32, "bf16": torch.bfloat16}
 
 
 # ---- inputs ---------------------------------------------------------------------------------------------------------
@@ -222,12 +233,21 @@ def micro_batches(examples, kind, pad):
     return [(batch, count / total) for batch, count in parts]
 
 
-def step(model, optimizer, batches):
+def computing_in(dtype):
+    """The forward and loss in `dtype`: float32 as is; bf16 under CPU autocast, as `Trainer(bf16=True)` on a CPU
+    (the weights, gradients and optimizer stay float32)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def step(model, optimizer, batches, dtype=torch.float32):
     """One optimizer step over `batches` [(inputs, weight)]: forward, loss, backward (accumulated), AdamW."""
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for inputs, weight in batches:
-        loss = model(**inputs).loss * weight
+        with computing_in(dtype):
+            loss = model(**inputs).loss * weight
         loss.backward()
         total += loss.detach()
     optimizer.step()
@@ -237,9 +257,10 @@ def step(model, optimizer, batches):
 # ---- checks ---------------------------------------------------------------------------------------------------------
 
 
-def within_rule(actual, expected):
-    actual, expected = actual.detach(), expected.detach()
-    return float((actual - expected).abs().max()) <= tolerance(expected, torch.float32)
+def within_rule(actual, expected, dtype=torch.float32):
+    """tests/numerics.py's rule for a computation in `dtype` against a float32 `expected`."""
+    actual, expected = actual.detach().float(), expected.detach()
+    return float((actual - expected).abs().max()) <= tolerance(expected, dtype)
 
 
 def under_our_names(theirs, kind, tensor_of):
@@ -264,37 +285,58 @@ def mapped_gradients(theirs, kind):
     return reference, {name for name, flag in trained.items() if not flag.any()}
 
 
-def check(theirs, ours, examples, kind, pad):
-    """Loss and every gradient of one step, ours against transformers' padded step, on identical weights; and the
-    grouped step's loss against the padded one's. Returns a list of failures (empty when all hold)."""
+def check(theirs, ours, examples, kind, pad, dtype=torch.float32):
+    """Loss and every gradient of one step computed in `dtype`, ours against transformers' float32 padded step, on
+    identical weights, at `dtype`'s rule; and the grouped step's loss against the padded one's. Returns the failures
+    (empty when all hold), the two losses, and the distance of ours from that step (the largest over the loss and
+    every gradient, as a fraction of the rule's bound) and, in bf16, that of transformers' own padded bf16 step."""
     failures = []
     for model in (theirs, ours):
         model.zero_grad(set_to_none=True)
     expected = theirs(**batch_of(examples, kind, pad, theirs=True)[0]).loss
     expected.backward()
     reference, untrained = mapped_gradients(theirs, kind)
-    actual = ours(**batch_of(examples, kind, pad)[0]).loss
+    theirs_in_dtype = None
+    if dtype != torch.float32:
+        theirs.zero_grad(set_to_none=True)
+        with computing_in(dtype):
+            loss = theirs(**batch_of(examples, kind, pad, theirs=True)[0]).loss
+        loss.backward()
+        own, _ = mapped_gradients(theirs, kind)
+        pairs = [(loss, expected)] + [(own[name], reference[name]) for name in reference if name not in untrained]
+        theirs_in_dtype = distance(pairs, dtype)
+    with computing_in(dtype):
+        actual = ours(**batch_of(examples, kind, pad)[0]).loss
     actual.backward()
-    if not within_rule(actual.detach(), expected.detach()):
-        failures.append(f"loss {float(actual):.8f} vs transformers {float(expected):.8f}")
+    if not within_rule(actual, expected, dtype):
+        failures.append(f"loss {float(actual):.8f} vs transformers float32 {float(expected):.8f}")
+    pairs = [(actual, expected)]
     for name, parameter in ours.named_parameters():
         if parameter.grad is None or name in untrained:
             continue
-        if not within_rule(parameter.grad, reference[name]):
+        pairs.append((parameter.grad, reference[name]))
+        if not within_rule(parameter.grad, reference[name], dtype):
             failures.append(f"gradient of {name}: max |diff| {float((parameter.grad - reference[name]).abs().max()):.3g}")
-    with torch.no_grad():
+    with torch.no_grad(), computing_in(dtype):
         grouped = sum(theirs(**b).loss * w for b, w in micro_batches(examples, kind, pad))
-    if not within_rule(grouped, expected.detach()):
-        failures.append(f"grouped loss {float(grouped):.8f} vs padded {float(expected):.8f}")
+    if not within_rule(grouped, expected, dtype):
+        failures.append(f"grouped loss {float(grouped):.8f} vs padded float32 {float(expected):.8f}")
     for model in (theirs, ours):
         model.zero_grad(set_to_none=True)
-    return failures, float(expected.detach()), float(actual.detach())
+    return failures, float(expected.detach()), float(actual.detach()), distance(pairs, dtype), theirs_in_dtype
+
+
+def distance(pairs, dtype):
+    """The largest |actual - expected| over (actual, expected) pairs, as a fraction of `dtype`'s rule's bound."""
+    return max(float((a.detach().float() - e.detach()).abs().max()) / tolerance(e, dtype) for a, e in pairs)
 
 
 # ---- timing ---------------------------------------------------------------------------------------------------------
 
 
-def run_case(name, rounds, generator):
+def run_case(name, rounds, generator, precisions):
+    """The case's checks in every precision (before any update), then its timings in each: one result per
+    precision."""
     description, build = CASES[name]
     theirs, ours, examples, kind = build(generator)
     pad = theirs.config.pad_token_id or 0
@@ -302,15 +344,34 @@ def run_case(name, rounds, generator):
     ours.train()
     batch, _ = batch_of(examples, kind, pad)
     real = float(batch["attention_mask"].float().mean())
-    failures, loss_theirs, loss_ours = check(theirs, ours, examples, kind, pad)
-    result = {"case": name, "description": description, "rows": len(examples), "padded_shape": list(batch["input_ids"].shape),
-              "real_tokens": round(real, 3), "loss_transformers": loss_theirs, "loss_ours": loss_ours,
-              "checks": "failed: " + "; ".join(failures[:5]) if failures else "passed"}
-    print(f"\n{name}: {description}\n  padded batch {tuple(batch['input_ids'].shape)}, {real:.0%} real tokens; "
-          f"first-step loss transformers {loss_theirs:.6f}, ours {loss_ours:.6f}; checks {result['checks']}",
+    print(f"\n{name}: {description}\n  padded batch {tuple(batch['input_ids'].shape)}, {real:.0%} real tokens",
           flush=True)
-    if failures or not rounds:
-        return result
+    results = []
+    for precision in precisions:
+        failures, loss_theirs, loss_ours, ours_distance, theirs_in_dtype = check(theirs, ours, examples, kind, pad,
+                                                                                 PRECISIONS[precision])
+        result = {"case": name, "precision": precision, "description": description, "rows": len(examples),
+                  "padded_shape": list(batch["input_ids"].shape), "real_tokens": round(real, 3),
+                  "loss_transformers": loss_theirs, "loss_ours": loss_ours, "distance_of_bound": ours_distance,
+                  "checks": "failed: " + "; ".join(failures[:5]) if failures else "passed"}
+        line = (f"  {precision}: first-step loss transformers float32 {loss_theirs:.6f}, ours {loss_ours:.6f}; "
+                f"checks {result['checks']} (loss and gradients at {ours_distance:.2g} of the {precision} bound")
+        if theirs_in_dtype is not None:
+            result["transformers_own_distance_of_bound"] = theirs_in_dtype
+            line += f"; transformers' own {precision} step at {theirs_in_dtype:.2g}"
+        line += ")"
+        print(line, flush=True)
+        results.append(result)
+    for result in results:
+        if result["checks"] == "passed" and rounds:
+            time_case(theirs, ours, examples, kind, pad, rounds, result)
+    return results
+
+
+def time_case(theirs, ours, examples, kind, pad, rounds, result):
+    """Rounds of one step per contender in `result`'s precision, rotated; the figures go into `result`."""
+    dtype = PRECISIONS[result["precision"]]
+    batch, _ = batch_of(examples, kind, pad)
     contenders = {
         "padded": (theirs, [(batch_of(examples, kind, pad, theirs=True)[0], 1.0)]),
         "grouped": (theirs, micro_batches(examples, kind, pad)),
@@ -318,16 +379,17 @@ def run_case(name, rounds, generator):
     }
     optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-5) for m in (theirs, ours)}
     for model, batches in contenders.values():  # warm-up: the first call of every shape and AdamW's state
-        step(model, optimizers[id(model)], batches)
+        step(model, optimizers[id(model)], batches, dtype)
     times = {c: [] for c in contenders}
     names = list(contenders)
     for r in range(rounds):
         for c in names[r % len(names):] + names[:r % len(names)]:  # rotated: each contender in each place
             model, batches = contenders[c]
             start = time.perf_counter()
-            step(model, optimizers[id(model)], batches)
+            step(model, optimizers[id(model)], batches, dtype)
             times[c].append(time.perf_counter() - start)
     load = os.getloadavg()[0]
+    print(f"  {result['precision']}:")
     for c in names:
         q = statistics.quantiles(times[c], n=4) if len(times[c]) > 1 else [times[c][0]] * 3
         result[c] = {"median_s": statistics.median(times[c]), "iqr_s": [q[0], q[2]]}
@@ -339,13 +401,22 @@ def run_case(name, rounds, generator):
         print(f"  hf_vanilla vs transformers {c}: {statistics.median(ratios):.2f}x (IQR {q[0]:.2f}-{q[2]:.2f})")
     result["load_average"] = load
     print(f"  load average {load:.2f}", flush=True)
-    return result
+
+
+def describe_cpu():
+    """The CPU, its widest vector instructions, and whether it multiplies bf16 natively."""
+    flags = cpu_flags()
+    vectors = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return {"cpu": cpu_name() or "unknown", "vectors": vectors, "native_bf16": native_bf16_cpu(),
+            "bf16_is_fast": bf16_is_fast()}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names (--list names them)")
     parser.add_argument("--list", action="store_true", help="name the cases and stop")
+    parser.add_argument("--precision", default=",".join(PRECISIONS),
+                        help="comma-separated: float32, bf16 (CPU autocast, as Trainer(bf16=True)); default both")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per case (default 5; 0: the checks alone)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
@@ -358,14 +429,22 @@ def main(argv=None):
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}: --list names them")
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    if not precisions or any(p not in PRECISIONS for p in precisions):
+        parser.error(f"--precision {args.precision}: choose among {', '.join(PRECISIONS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    cpu = describe_cpu()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.2f}, {args.rounds} rounds")
-    results = [run_case(name, args.rounds, torch.Generator().manual_seed(0)) for name in names]
+          f"load average {os.getloadavg()[0]:.2f}, {args.rounds} rounds, {', '.join(precisions)}")
+    print(f"CPU: {cpu['cpu']}, {cpu['vectors']}; bf16 native: {'yes' if cpu['native_bf16'] else 'no'}, "
+          f"bf16_is_fast(): {cpu['bf16_is_fast']}" + ("" if cpu["bf16_is_fast"] or "bf16" not in precisions else
+          " (bf16 is not native here: slower than float32, and no bf16 speed target applies)"))
+    results = [result for name in names
+               for result in run_case(name, args.rounds, torch.Generator().manual_seed(0), precisions)]
     if args.json:
         args.json.write_text(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
-                                         "threads": torch.get_num_threads(), "cases": results}, indent=2))
+                                         "threads": torch.get_num_threads(), **cpu, "cases": results}, indent=2))
     return 1 if any(r["checks"] != "passed" for r in results) else 0
 
 
