@@ -1,6 +1,5 @@
 """The Hugging Face catalogue of hf_vanilla: the `PreTrainedModel` base, the three bodies (the BERT-style encoder,
-the encoder-decoder, the decoder alone) and every head BERT and BART have, built on the Transformer of
-`transformer.py`.
+the encoder-decoder, the decoder alone) and every head BERT and BART have, on the Transformer of `transformer.py`.
 
     1. The base ........... weight initialisation, what transformers and Accelerate read, what every head shares
     2. The encoder ........ `VanillaEncoderModel` and BERT's heads (masked LM, causal LM, pre-training, next
@@ -46,7 +45,7 @@ from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
     check_choices, check_eos_tokens, check_labels, check_sequence_labels, check_span_positions, check_target,
-    check_token_labels, refuse_non_tensors,
+    check_token_labels, refuse_non_tensors, refuse_packed_pairs,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -682,6 +681,7 @@ class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
         """input_ids: (B, S), each row with the same number of `eos_token_id`s. Returns logits (B, num_labels)."""
         check_eos_tokens(input_ids, self.config.eos_token_id, decoder_input_ids)
         check_sequence_labels(self.config, labels)
+        refuse_packed_pairs(kwargs, type(self).__name__)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                          decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
                          token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
@@ -707,9 +707,9 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
                 encoder_outputs=None, token_type_ids=None, start_positions=None, end_positions=None, inputs_embeds=None,
                 decoder_inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
                 **kwargs: Unpack[TransformersKwargs]):
-        """start_positions, end_positions: (B,) token indices of the answer span. Returns start_logits and
-        end_logits, (B, T) each."""
+        """start_positions, end_positions: (B,), the answer span's token indices. Returns (B, T) start/end logits."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
+        refuse_packed_pairs(kwargs, type(self).__name__)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                          decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
                          token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, use_cache=False,

@@ -26,7 +26,7 @@ import torch
 
 from .kernels import is_tracing
 from .masks import check_mask_shape, check_mask_values
-from .packing import positions_within, sequence_ids
+from .packing import FORMAT_KEYWORDS, positions_within, sequence_ids
 
 IGNORE_INDEX = -100  # label value the losses skip (CrossEntropyLoss's default ignore_index)
 ID_DTYPES = (torch.int64, torch.int32)
@@ -322,7 +322,20 @@ def _check_range(name, ids, limit, limit_name, fix):
         raise ValueError(f"{name} contains {bad}, outside [0, {limit}) set by {limit_name}={limit}: {fix}.")
 
 
-__all__ = [
+def refuse_packed_pairs(kwargs: dict, reader: str) -> None:
+    """Refuse transformers' packed format (`position_ids` restarting, `cu_seq_lens_*`, `seq_idx`) for `reader`, an
+    encoder-decoder head that reads each row as one sequence: a packed row would be classified, or searched for a
+    span, as one sequence whose parts attend to each other."""
+    given = [name for name in ("position_ids", *FORMAT_KEYWORDS) if kwargs.get(name) is not None]
+    if given:
+        raise ValueError(
+            f"{reader} reads each row as one sequence and takes no {', '.join(given)} (transformers' "
+            "DataCollatorWithFlattening packs several sequences in a row). Pass a padded batch "
+            "(DataCollatorWithPadding): it runs padding-free here already."
+        )
+
+
+__all__ = ["refuse_packed_pairs", 
     "IGNORE_INDEX", "check_choices", "check_eos_tokens", "check_inputs", "check_labels", "check_sequence_labels",
     "check_span_positions", "check_target", "check_token_labels", "positions_counted_from_zero",
     "self_attention_cache",

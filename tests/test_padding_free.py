@@ -24,7 +24,7 @@ from transformers import BartConfig, BertConfig, BertModel, DataCollatorWithFlat
 from hf_vanilla import (
     VanillaDecoderForCausalLM, VanillaEncoderConfig, VanillaEncoderForMaskedLM, VanillaEncoderForSequenceClassification,
     VanillaEncoderForTokenClassification, VanillaEncoderModel, VanillaSeq2SeqConfig,
-    VanillaSeq2SeqForConditionalGeneration,
+    VanillaSeq2SeqForConditionalGeneration, VanillaSeq2SeqForQuestionAnswering, VanillaSeq2SeqForSequenceClassification,
 )
 from hf_vanilla.conversion.formats import bart
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
@@ -228,6 +228,20 @@ def test_transformers_sdpa_bert_fails_the_same_check():
         assert_close(ours(**batch).last_hidden_state[0], alone, msg="ours: each sequence its own answer")
     with pytest.raises(AssertionError):
         assert_close(theirs, alone)
+
+
+@pytest.mark.parametrize("head", [VanillaSeq2SeqForSequenceClassification, VanillaSeq2SeqForQuestionAnswering])
+@pytest.mark.parametrize("given", ["position_ids", "cu_seq_lens_q"])
+def test_encoder_decoder_heads_that_read_a_row_as_one_sequence_refuse_the_packed_format(head, given):
+    """BART's classification and QA heads read each row as one sequence: a packed row is refused naming the padded
+    batch, rather than classified (or searched for a span) as one sequence whose parts attend to each other."""
+    batch = flattened(sequences(6), return_flash_attn_kwargs=True)
+    model = head(seq2seq_config()).eval()
+    ids = batch["input_ids"].clone()
+    ids[0, -1] = model.config.eos_token_id
+    refusal = f"reads each row as one sequence and takes no {given}.*DataCollatorWithPadding"
+    with pytest.raises(ValueError, match=refusal):
+        model(input_ids=ids, **{given: batch[given]})
 
 
 def test_packed_format_refusals():
