@@ -512,7 +512,7 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
         inputs = input_ids if input_ids is not None else inputs_embeds
         if inputs is not None:
-            check_token_labels(labels, inputs.shape[:2], "1 where the token was replaced, 0 where it is the original")
+            check_token_labels(labels, inputs.shape[:2], attention_mask, "1 where replaced, 0 where original")
         out = self._body(locals())
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = replaced_token_loss(logits, labels, attention_mask)

@@ -250,15 +250,19 @@ def check_span_positions(start_positions, end_positions, inputs):
                              f"({batch_size},).")
 
 
-def check_token_labels(labels, shape, what):
-    """Per-token binary labels (ELECTRA's replaced-token detection): shape (B, T), each 0 or 1."""
+def check_token_labels(labels, shape, attention_mask, what):
+    """Per-token binary labels (ELECTRA's replaced-token detection): shape (B, T), each 0 or 1 at the real tokens;
+    at padding (`attention_mask` 0) anything, -100 as collators write it, since the loss reads real tokens only."""
     if labels is None:
         return
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"labels has shape {tuple(labels.shape)} but should be {tuple(shape)}, one label per token: "
                          f"{what}.")
-    if not is_tracing() and not bool(((labels == 0) | (labels == 1)).all()):
-        raise ValueError(f"labels must hold 0 or 1, got {labels[(labels != 0) & (labels != 1)][0].item()}: {what}.")
+    wrong = (labels != 0) & (labels != 1)
+    if attention_mask is not None and tuple(attention_mask.shape) == tuple(shape):
+        wrong = wrong & (attention_mask == 1)
+    if not is_tracing() and bool(wrong.any()):
+        raise ValueError(f"labels must hold 0 or 1 at every real token, got {labels[wrong][0].item()}: {what}.")
 
 
 def check_eos_tokens(input_ids, eos_token_id, decoder_inputs=None):

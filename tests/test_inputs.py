@@ -606,8 +606,19 @@ def test_head_targets_of_the_wrong_kind_are_refused():
     rtd = head(VanillaEncoderForReplacedTokenDetection)
     assert_refused(rtd, [r"labels has shape \(3, 5\) but should be \(3, 6\)", "one label per token"],
                    input_ids=ids(), labels=torch.zeros(B, T - 1, dtype=torch.long))
-    assert_refused(rtd, [r"labels must hold 0 or 1, got 2"], input_ids=ids(), labels=torch.full((B, T), 2))
+    assert_refused(rtd, [r"labels must hold 0 or 1 at every real token, got 2"], input_ids=ids(),
+                   labels=torch.full((B, T), 2))
     assert torch.isfinite(rtd(input_ids=ids(), labels=torch.randint(0, 2, (B, T))).loss)
+    # -100 at padding, as DataCollatorForTokenClassification writes it: taken, and the loss reads real tokens only.
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[0, 3:] = 0
+    labels = torch.randint(0, 2, (B, T))
+    with torch.no_grad():
+        expected = rtd(input_ids=ids(), attention_mask=mask, labels=labels).loss
+        assert_close(rtd(input_ids=ids(), attention_mask=mask, labels=labels.masked_fill(mask == 0, -100)).loss,
+                     expected)
+    assert_refused(rtd, [r"labels must hold 0 or 1 at every real token, got -100"], input_ids=ids(),
+                   attention_mask=mask, labels=labels.masked_fill(mask == 1, -100))
 
 
 def test_inputs_of_the_wrong_kind_are_refused():
