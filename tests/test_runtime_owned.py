@@ -257,6 +257,16 @@ def _answers(model, inputs):
     return output.last_hidden_state[real], output.pooler_output
 
 
+def _held_pair(held, graphs):
+    """(a plain model, a copy held by `held`, a batch), the held copy having answered the batch once."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    inputs = batch()
+    _answers(model, inputs)
+    return plain, model, inputs
+
+
 def _assert_answers(model, plain, inputs):
     for got, want in zip(_answers(model, inputs), _answers(plain, inputs)):
         assert_close(got, want)
@@ -280,11 +290,7 @@ def test_an_assigned_tensor_is_followed_and_nothing_is_lost(held, graphs, engine
     the module's other tensors stay (a Parameter assigned as `up_proj.weight` once dropped `up_proj.bias` from the
     model, its state_dict and its checkpoint, and every call after raised). The answers, the state_dict (keys, in
     PyTorch's order, and values) and what save_pretrained writes are the plain model's after the same assignment."""
-    torch.manual_seed(0)
-    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
-    model = hold(copy.deepcopy(plain), held, graphs)
-    inputs = batch()
-    _answers(model, inputs)
+    plain, model, inputs = _held_pair(held, graphs)
     for target in (model, plain):
         ASSIGNED[assignment](target)
     _assert_answers(model, plain, inputs)
@@ -340,11 +346,7 @@ def test_a_change_that_cannot_run_keeps_every_weight(held, graphs, engine_only, 
     answers again."""
     _, name = remove(held)
     assign, what, said = CANNOT_RUN[change]
-    torch.manual_seed(0)
-    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
-    model = hold(copy.deepcopy(plain), held, graphs)
-    inputs = batch()
-    _answers(model, inputs)
+    plain, model, inputs = _held_pair(held, graphs)
     for target in (model, plain):
         assign(target)
     for _ in range(2):  # tried again at every call
