@@ -40,7 +40,7 @@ from .losses import (
     causal_lm_loss, cross_entropy, labelled_prefix, next_tokens, no_cache_for_labels, reads_padding,
     replaced_token_loss, shift_tokens_right, span_logits, token_cross_entropy, token_logits,
 )
-from .packing import FORMAT_KEYWORDS
+from .packing import packed_format, plan_of
 from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
@@ -129,48 +129,35 @@ class VanillaPreTrainedModel(PreTrainedModel):
             output.plan = body_output.plan
         return output
 
-    def _body(self, arguments: dict, **overrides):
+    def _body(self, kwargs, *inputs, **named):
         """The body's output for the head to read, always a ModelOutput (the head returns its own as a tuple where
-        asked). `arguments` are the head's forward's own (`locals()`): the body's inputs are taken from them by name
-        (`body_inputs`), with transformers' packed-format keywords among their `kwargs`; `overrides` replace or add
-        some (multiple choice's rows, `outputs_at_padding`). A head that reads one state per row (`uses_pooler`)
-        refuses transformers' packed format: its labels are one per sequence, which DataCollatorWithFlattening does
-        not carry."""
-        inputs = {name: arguments[name] for name in self.body_inputs if name in arguments}
-        out = self.model(**{**inputs, **packed_format(arguments["kwargs"]), **overrides}, return_dict=True)
+        asked). `inputs` are the body's inputs in the order `body_inputs` names them, `named` any others (the cache,
+        `outputs_at_padding`); transformers' packed-format keywords come from the forward's `kwargs`. A head that
+        reads one state per row (`uses_pooler`) refuses transformers' packed format: its labels are one per
+        sequence, which DataCollatorWithFlattening does not carry."""
+        out = self.model(**dict(zip(self.body_inputs, inputs)), **named, **packed_format(kwargs), return_dict=True)
         plan = plan_of(out)
         if self.uses_pooler and plan is not None:
             plan.refuse_packed_rows(type(self).__name__)
         return out
 
-    def _causal_lm_output(self, arguments: dict):
-        """A causal language model's forward (BERT's and the decoder's) from its own arguments (`locals()`): the
+    def _causal_lm_output(self, labels, use_cache, return_dict, kwargs, *inputs, **named):
+        """A causal language model's forward (BERT's and the decoder's), its body's inputs as `_body` takes them: the
         body (no cache where labels train it), scores at every position, the next-token loss, the output."""
-        labels, shift_labels = arguments["labels"], arguments["kwargs"].get("shift_labels")
+        shift_labels = kwargs.get("shift_labels")
         check_labels(labels, self.config.vocab_size, "vocab_size")
         next_labels = next_tokens(labels, shift_labels)  # (B, T): what position t is scored against
-        out = self._body(arguments, use_cache=no_cache_for_labels(arguments["use_cache"], next_labels),
-                         outputs_at_padding=reads_padding(next_labels, arguments["attention_mask"]))
+        attention_mask = inputs[self.body_inputs.index("attention_mask")]
+        out = self._body(kwargs, *inputs, **named, use_cache=no_cache_for_labels(use_cache, next_labels),
+                         outputs_at_padding=reads_padding(next_labels, attention_mask))
         logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         loss = causal_lm_loss(self.loss_function, self.config.vocab_size, logits, labels, shift_labels)
-        return self._output(CausalLMOutputWithCrossAttentions, out, arguments["return_dict"], loss=loss,
-                            logits=logits.all)
+        return self._output(CausalLMOutputWithCrossAttentions, out, return_dict, loss=loss, logits=logits.all)
 
     def _classification_loss(self, logits, labels):
         """Sequence classification's loss: regression (MSE), single-label (cross-entropy) or multi-label (binary
         cross-entropy), by `config.problem_type`, which transformers sets from the first labels it sees."""
         return None if labels is None else self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-
-
-def packed_format(kwargs):
-    """transformers' packed-format keywords among a forward's `kwargs` (packing.FORMAT_KEYWORDS), for the body."""
-    return {name: kwargs[name] for name in FORMAT_KEYWORDS if name in kwargs}
-
-
-def plan_of(body_output):
-    """The plan (packing.BatchPlan) a body's output carries: how its stack ran the batch, where it ran in PyTorch
-    outside tracing; None elsewhere (an engine's output, a traced graph's), where every position was computed."""
-    return getattr(body_output, "plan", None)
 
 
 def classifier_layers(config, num_outputs: int):
@@ -260,8 +247,8 @@ class VanillaEncoderPreTrainedModel(VanillaPreTrainedModel):
     (`uses_pooler`): a pooler nobody reads would be computed on every forward and never trained."""
 
     config_class = VanillaEncoderConfig
-    body_inputs = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "cache",
-                   "past_key_values", "use_cache", "output_attentions", "output_hidden_states")
+    body_inputs = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds",
+                   "output_attentions", "output_hidden_states")
 
     def __init__(self, config: VanillaEncoderConfig):
         super().__init__(config)
@@ -288,7 +275,9 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
                 **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
-        out = self._body(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states,
+                         outputs_at_padding=reads_padding(labels, attention_mask))
         logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         return self._output(MaskedLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
@@ -316,7 +305,9 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         position_ids: (B, T) counted from 0 (`generate` derives them from a left-padded mask).
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
         `past_key_values` before transformers 5.24)."""
-        return self._causal_lm_output(locals())
+        return self._causal_lm_output(labels, use_cache, return_dict, kwargs, input_ids, attention_mask,
+                                      token_type_ids, position_ids, inputs_embeds, output_attentions,
+                                      output_hidden_states, cache=cache, past_key_values=past_key_values)
 
 
 @dataclass
@@ -349,7 +340,9 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
         when both are given. Returns prediction_logits (B, T, V) and seq_relationship_logits (B, 2)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         check_labels(next_sentence_label, 2, "the two next-sentence classes")
-        out = self._body(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states,
+                         outputs_at_padding=reads_padding(labels, attention_mask))
         prediction_logits = self.lm_head(out.last_hidden_state)  # (B, T, V)
         seq_relationship_logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = None if labels is None or next_sentence_label is None else (
@@ -374,7 +367,8 @@ class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
                 **kwargs: Unpack[TransformersKwargs]):
         """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
         check_labels(labels, 2, "the two next-sentence classes")
-        out = self._body(locals())
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states)
         logits = self.seq_relationship(self._sentence(out))  # (B, 2)
         loss = cross_entropy(logits, labels)
         return self._output(NextSentencePredictorOutput, out, return_dict, loss=loss, logits=logits)
@@ -398,7 +392,8 @@ class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
         """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label. Returns logits
         (B, num_labels)."""
         check_sequence_labels(self.config, labels)
-        out = self._body(locals())
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states)
         logits = self.classifier(self.dropout(self._sentence(out)))  # (B, num_labels)
         loss = self._classification_loss(logits, labels)
         return self._output(SequenceClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -427,9 +422,8 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
         def flat(x):  # (B, C, T, ...) -> (B * C, T, ...): every choice is a sequence of its own
             return None if x is None else x.reshape(B * C, *x.shape[2:])
 
-        out = self._body(locals(), input_ids=flat(input_ids), attention_mask=flat(attention_mask),
-                         token_type_ids=flat(token_type_ids), position_ids=flat(position_ids),
-                         inputs_embeds=flat(inputs_embeds))
+        out = self._body(kwargs, flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
+                         flat(inputs_embeds), output_attentions, output_hidden_states)
         logits = self.classifier(self.dropout(self._sentence(out))).view(B, C)  # (B * C, 1) -> (B, C)
         return self._output(MultipleChoiceModelOutput, out, return_dict, loss=cross_entropy(logits, labels),
                             logits=logits)
@@ -449,7 +443,9 @@ class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
                 **kwargs: Unpack[TransformersKwargs]):
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
         check_labels(labels, self.num_labels, "num_labels")
-        out = self._body(locals(), outputs_at_padding=reads_padding(labels, attention_mask))
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states,
+                         outputs_at_padding=reads_padding(labels, attention_mask))
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
         return self._output(TokenClassifierOutput, out, return_dict, loss=cross_entropy(logits, labels), logits=logits)
 
@@ -471,7 +467,9 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
         The loss is a softmax over every position, padding included, as BertForQuestionAnswering's: with positions
         given, a padded batch runs padded; without them, padding-free (padding positions score the head's bias)."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
-        out = self._body(locals(), outputs_at_padding=start_positions is not None or end_positions is not None)
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states,
+                         outputs_at_padding=start_positions is not None or end_positions is not None)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
         return self._output(QuestionAnsweringModelOutput, out, return_dict, loss=loss, start_logits=start_logits,
@@ -513,7 +511,8 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
         inputs = input_ids if input_ids is not None else inputs_embeds
         if inputs is not None:
             check_token_labels(labels, inputs.shape[:2], attention_mask, "1 where replaced, 0 where original")
-        out = self._body(locals())
+        out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                         output_attentions, output_hidden_states)
         logits = self.rtd_head(out.last_hidden_state)  # (B, T)
         loss = replaced_token_loss(logits, labels, attention_mask)
         return self._output(TokenClassifierOutput, out, return_dict, loss=loss, logits=logits)
@@ -605,8 +604,8 @@ class VanillaSeq2SeqPreTrainedModel(VanillaPreTrainedModel):
 
     config_class = VanillaSeq2SeqConfig
     body_inputs = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask", "encoder_outputs",
-                   "cache", "past_key_values", "token_type_ids", "inputs_embeds", "decoder_inputs_embeds", "use_cache",
-                   "output_attentions", "output_hidden_states", "position_ids", "decoder_position_ids")
+                   "token_type_ids", "inputs_embeds", "decoder_inputs_embeds", "output_attentions",
+                   "output_hidden_states", "position_ids", "decoder_position_ids")
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
@@ -657,7 +656,10 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
             if decoder_attention_mask is None and decoder_position_ids is None and not is_tracing():
                 decoder_attention_mask = labelled_prefix(labels)  # targets padded with -100 run padding-free
             use_cache = False
-        out = self._body(locals(), outputs_at_padding=reads_padding(labels, decoder_attention_mask))
+        out = self._body(kwargs, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+                         token_type_ids, inputs_embeds, decoder_inputs_embeds, output_attentions, output_hidden_states,
+                         position_ids, decoder_position_ids, cache=cache, past_key_values=past_key_values,
+                         use_cache=use_cache, outputs_at_padding=reads_padding(labels, decoder_attention_mask))
         logits = token_logits(self.lm_head, out.last_hidden_state, plan_of(out))  # (B, T, V)
         return self._output(Seq2SeqLMOutput, out, return_dict, loss=token_cross_entropy(logits, labels),
                             logits=logits.all)
@@ -682,10 +684,9 @@ class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
         check_eos_tokens(input_ids, self.config.eos_token_id, decoder_input_ids)
         check_sequence_labels(self.config, labels)
         refuse_packed_pairs(kwargs, type(self).__name__)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                         decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-                         token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True)
+        out = self._body(kwargs, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+                         token_type_ids, output_attentions=output_attentions,
+                         output_hidden_states=output_hidden_states, use_cache=False)
         B, _, E = out.last_hidden_state.shape
         eos = input_ids == self.config.eos_token_id  # (B, S), the same count in every row
         last_eos = out.last_hidden_state[eos].view(B, -1, E)[:, -1]  # (B, E): the state at each row's last eos
@@ -710,12 +711,9 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
         """start_positions, end_positions: (B,), the answer span's token indices. Returns (B, T) start/end logits."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
         refuse_packed_pairs(kwargs, type(self).__name__)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                         decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-                         token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, use_cache=False,
-                         decoder_inputs_embeds=decoder_inputs_embeds, output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True,
-                         outputs_at_padding=start_positions is not None or end_positions is not None)
+        out = self._body(kwargs, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+                         token_type_ids, inputs_embeds, decoder_inputs_embeds, output_attentions, output_hidden_states,
+                         use_cache=False, outputs_at_padding=start_positions is not None or end_positions is not None)
         start_logits, end_logits = span_logits(self.qa_outputs, out.last_hidden_state)
         loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
         return self._output(Seq2SeqQuestionAnsweringModelOutput, out, return_dict, loss=loss,
@@ -778,8 +776,8 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
 
     config_class = VanillaSeq2SeqConfig
     _tied_weights_keys = {"lm_head.decoder.weight": "model.decoder.embeddings.word_embeddings.weight"}
-    body_inputs = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "cache", "past_key_values",
-                   "output_attentions", "output_hidden_states")
+    body_inputs = ("input_ids", "attention_mask", "position_ids", "inputs_embeds", "output_attentions",
+                   "output_hidden_states")
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(_decoder_only(config))
@@ -793,7 +791,9 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
         position_ids: (B, T) counted from 0, as in `VanillaDecoderModel`. Returns logits (B, T, V) and, with
         `use_cache`, the key/value cache for the next step (`cache`, or `past_key_values` before transformers 5.24)."""
-        return self._causal_lm_output(locals())
+        return self._causal_lm_output(labels, use_cache, return_dict, kwargs, input_ids, attention_mask,
+                                      position_ids, inputs_embeds, output_attentions, output_hidden_states,
+                                      cache=cache, past_key_values=past_key_values)
 
 
 # The public classes: the base, and every model `heads.py` declares (each defined above).

@@ -51,6 +51,17 @@ from .masks import sequence_causal_mask
 FORMAT_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
+def packed_format(kwargs):
+    """transformers' packed-format keywords among a forward's `kwargs` (FORMAT_KEYWORDS), for the body."""
+    return {name: kwargs[name] for name in FORMAT_KEYWORDS if name in kwargs}
+
+
+def plan_of(body_output):
+    """The plan (BatchPlan) a body's output carries: how its stack ran the batch, where it ran in PyTorch
+    outside tracing; None elsewhere (an engine's output, a traced graph's), where every position was computed."""
+    return getattr(body_output, "plan", None)
+
+
 def sequence_ids(shape, position_ids, attention_mask=None, packed_format=None):
     """Which sequence each token belongs to, (B, T) (equal ids in a row: one sequence), for transformers'
     padding-free format; None for an ordinary batch (one sequence per row).
