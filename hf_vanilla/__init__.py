@@ -1,6 +1,6 @@
 """hf_vanilla: a from-scratch, readable Transformer that is a first-class Hugging Face model.
 
-`import hf_vanilla` registers the configs and models with transformers' Auto classes (hf_vanilla/auto.py), so a
+`import hf_vanilla` registers the configs and models with transformers' Auto classes (hf_vanilla/auto_classes.py), so a
 converted checkpoint loads with `AutoModel.from_pretrained(path)` without `trust_remote_code`.
 
 The import itself is light: torch and transformers take seconds to import, and the `hf-vanilla` command (whose
@@ -16,7 +16,7 @@ import sys
 from .version import __version__
 
 # The modules whose `__all__` make up the public API, each listing its own names once.
-_PUBLIC_MODULES = ("auto", "configuration_vanilla", "modeling_vanilla")
+_PUBLIC_MODULES = ("auto_classes", "configuration_vanilla", "modeling_vanilla")
 
 
 class _RegisterWithTransformers(importlib.abc.MetaPathFinder):
@@ -56,7 +56,7 @@ class _RegisterWithTransformers(importlib.abc.MetaPathFinder):
     def register_if_ready(self):
         if "transformers" in sys.modules and not self.importing and self in sys.meta_path:
             sys.meta_path.remove(self)
-            importlib.import_module(".auto", __name__).register()
+            importlib.import_module(".auto_classes", __name__).register()
 
 
 _registration = _RegisterWithTransformers()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ...auto import AUTO_CLASSES
+from ...auto_classes import AUTO_CLASSES
 from ..errors import ConversionError
 from .reading import all_finite
 
