@@ -72,6 +72,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     body_inputs: tuple[str, ...] = ()  # the body's inputs a head passes on by name (`_body`)
     uses_pooler = False  # whether the head reads one [CLS] state per row
+    input_stack: str | None = None  # a body's stack that reads the input ("encoder" or "decoder"); None on heads
 
     @classmethod
     def from_pretrained(cls, *args, runtime: str | None = None, runtime_options: dict | None = None, **kwargs):
@@ -107,6 +108,17 @@ class VanillaPreTrainedModel(PreTrainedModel):
             module.position_table.copy_(table.to(module.position_table.device))
         elif isinstance(module, VanillaLMHead):
             module.decoder.bias.zero_()
+
+    def get_input_embeddings(self):
+        """The token embeddings of the body's stack that reads the input (`input_stack`); a head's are its body's."""
+        if self.input_stack is None:
+            return super().get_input_embeddings()
+        return getattr(self, self.input_stack).embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        if self.input_stack is None:
+            return super().set_input_embeddings(value)
+        getattr(self, self.input_stack).embeddings.word_embeddings = value
 
     def get_output_embeddings(self):
         """The output projection of the heads that predict tokens (tied to the token embeddings); None elsewhere."""
@@ -203,6 +215,7 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
     """
 
     config_class = VanillaEncoderConfig
+    input_stack = "encoder"
 
     def __init__(self, config: VanillaEncoderConfig, add_pooling_layer: bool = True):
         super().__init__(config)
@@ -210,12 +223,6 @@ class VanillaEncoderModel(VanillaPreTrainedModel):
         use_pooler = add_pooling_layer and config.use_pooler
         self.pooler = VanillaLinear(config.hidden_size, config.hidden_size) if use_pooler else None
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.encoder.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.encoder.embeddings.word_embeddings = value
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
@@ -530,6 +537,7 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
     classification and question-answering heads rely on)."""
 
     config_class = VanillaSeq2SeqConfig
+    input_stack = "encoder"
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
@@ -545,9 +553,6 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
         self.encoder.embeddings.word_embeddings = value
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.embeddings.word_embeddings = value
-
-    def get_input_embeddings(self):
-        return self.encoder.embeddings.word_embeddings
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
@@ -742,17 +747,12 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
     decoder (`decoder.*`), so a decoder trained either way loads into the other."""
 
     config_class = VanillaSeq2SeqConfig
+    input_stack = "decoder"
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(_decoder_only(config))
         self.decoder = VanillaStack(self.config, is_decoder=True)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.decoder.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.decoder.embeddings.word_embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
                 past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
