@@ -25,6 +25,7 @@ oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
 
 import warnings
 import weakref
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -139,7 +140,34 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")  
 _DEQUANTIZED = weakref.WeakKeyDictionary()
 
 
-class Int8Linear(nn.Module):
+class _Int8Weighted(nn.Module):
+    """What the two int8 modules share: they keep no float32 `weight`, so reading one raises an AttributeError
+    (`hasattr(module, "weight")` stays False) whose message, `_no_weight`, says what to do instead; and a float32
+    `weight` in a state dict loads by being quantized anew into the int8 matrix."""
+
+    _no_weight: ClassVar[str]
+
+    def __getattr__(self, name):
+        if name == "weight":
+            raise AttributeError(self._no_weight)
+        return super().__getattr__(name)
+
+    @staticmethod
+    def _load_weight(matrix: "Int8Linear", state_dict, prefix, strict, missing_keys, error_msgs) -> str:
+        """Quantize `state_dict[prefix + "weight"]` into `matrix`, reporting a refused weight in `error_msgs` and,
+        under `strict`, a missing one in `missing_keys`, as nn.Module's loading reports its own. Returns the key."""
+        name = prefix + "weight"
+        if name in state_dict:
+            try:
+                matrix._quantize(state_dict[name].detach().to(torch.float32))
+            except ValueError as error:
+                error_msgs.append(f"{name}: {error}")
+        elif strict:
+            missing_keys.append(name)
+        return name
+
+
+class Int8Linear(_Int8Weighted):
     """y = x W^T + b with W in int8 (one scale per output row) and x quantized to 8 bits per token at each call.
 
     The product runs in fbgemm's int8 kernel (`torch.ops.quantized.linear_dynamic`, what torch's dynamic
@@ -174,6 +202,10 @@ class Int8Linear(nn.Module):
     Inference only: the int8 weight has no gradient, so a call that would need one raises.
     """
 
+    _no_weight = ("Int8Linear has no float32 weight to read or edit: quantize_int8 replaced it by int8. To change it, "
+                  "load_state_dict a float32 state dict (it is quantized anew), or edit the float32 model and quantize "
+                  "again; dequantized_weight() returns a float32 copy.")
+
     def __init__(self, linear: nn.Linear, rows: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -204,14 +236,6 @@ class Int8Linear(nn.Module):
         tied to this layer (`Int8Embedding`); only a layer made with `rows=True` keeps them."""
         return self._int8_rows[indices].float() * self._row_scales[indices]
 
-    def __getattr__(self, name):
-        if name == "weight":  # an AttributeError still (hasattr(layer, "weight") is False), with the way out
-            raise AttributeError(
-                "Int8Linear has no float32 weight to read or edit: quantize_int8 replaced it by int8. To change it, "
-                "load_state_dict a float32 state dict (it is quantized anew), or edit the float32 model and "
-                "quantize again; dequantized_weight() returns a float32 copy.")
-        return super().__getattr__(name)
-
     def dequantized_weight(self) -> torch.Tensor:
         """The weight this layer computes with, as a float32 tensor (out_features, in_features): a new one, or the
         one returned before while it is still held somewhere and unchanged (nothing written into it, the layer not
@@ -232,15 +256,7 @@ class Int8Linear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        name = prefix + "weight"
-        if name in state_dict:
-            weight = state_dict[name]
-            try:
-                self._quantize(weight.detach().to(torch.float32))
-            except ValueError as error:
-                error_msgs.append(f"{name}: {error}")
-        elif strict:
-            missing_keys.append(name)
+        name = self._load_weight(self, state_dict, prefix, strict, missing_keys, error_msgs)
         own = {key: value for key, value in state_dict.items() if key.startswith(prefix) and key != name}
         super()._load_from_state_dict(own, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
@@ -264,7 +280,7 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, per token"
 
 
-class Int8Embedding(nn.Module):
+class Int8Embedding(_Int8Weighted):
     """Token embeddings that read the int8 matrix of the vocabulary projection they are tied to.
 
     Where the output projection is the token embedding matrix (section 3.4: Marian, BERT's masked-LM head), the
@@ -277,6 +293,10 @@ class Int8Embedding(nn.Module):
     float32 weight quantizes it into the one matrix, so the projection and every lookup follow it. There is no
     `weight` to edit (it says what to do instead)."""
 
+    _no_weight = ("Int8Embedding has no float32 weight: its rows are the int8 matrix of the output projection it is "
+                  "tied to (quantize_int8). To change it, load_state_dict a float32 state dict (it is quantized anew), "
+                  "or edit the float32 model and quantize again; projection.dequantized_weight() returns a copy.")
+
     def __init__(self, embedding: nn.Embedding, projection: Int8Linear):
         super().__init__()
         if not projection.keeps_rows or (projection.out_features, projection.in_features) != tuple(
@@ -287,14 +307,6 @@ class Int8Embedding(nn.Module):
         self.padding_idx = embedding.padding_idx
         self.__dict__["projection"] = projection  # not a submodule: its owner saves and moves it, once
 
-    def __getattr__(self, name):
-        if name == "weight":
-            raise AttributeError(
-                "Int8Embedding has no float32 weight: its rows are the int8 matrix of the output projection it is "
-                "tied to (quantize_int8). To change it, load_state_dict a float32 state dict (it is quantized anew), "
-                "or edit the float32 model and quantize again; projection.dequantized_weight() returns a copy.")
-        return super().__getattr__(name)
-
     def forward(self, input_ids):  # (...) -> (..., E)
         return self.projection.rows(input_ids)
 
@@ -303,14 +315,7 @@ class Int8Embedding(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        name = prefix + "weight"
-        if name in state_dict:
-            try:
-                self.projection._quantize(state_dict[name].detach().to(torch.float32))
-            except ValueError as error:
-                error_msgs.append(f"{name}: {error}")
-        elif strict:
-            missing_keys.append(name)
+        self._load_weight(self.projection, state_dict, prefix, strict, missing_keys, error_msgs)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows of the tied output projection"
