@@ -48,23 +48,19 @@ def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: 
     ]
     wrong_dtype = [f"{named(k)}: {t.dtype}" for k, t in tensors.items()
                    if k in targets and targets[k].is_floating_point() and not t.is_floating_point()]
-    problems = []
-    if unknown:
-        problems.append(f"source tensors with no mapping: {unknown}")
-    if missing:
-        problems.append(f"target tensors the source does not fill: {missing}")
-        stacks = ("encoder.", "decoder.", "model.encoder.", "model.decoder.")
-        if not any(key.startswith(stacks) for key in missing):  # only the head's own weights (its pooler too)
-            problems.append(f"the source has no trained {model_class.__name__} head: convert the encoder alone "
-                            f"(--head base) and fine-tune it (examples/finetune_classification.py), or start from "
-                            f"a checkpoint fine-tuned for this task")
-    if unexpected:
-        problems.append(f"mapped tensors the target does not have: {unexpected}")
-    if wrong_shape:
-        problems.append(f"shape mismatches: {wrong_shape}")
-    if wrong_dtype:
-        problems.append(f"weights of an integer or bool dtype (a model's weights are floating point: float32, "
-                        f"float16 or bfloat16; the checkpoint is damaged or not a model's weights): {wrong_dtype}")
+    stacks = ("encoder.", "decoder.", "model.encoder.", "model.decoder.")
+    head_only = missing and not any(key.startswith(stacks) for key in missing)  # the head's weights (its pooler too)
+    problems = [problem for problem, found in (
+        (f"source tensors with no mapping: {unknown}", unknown),
+        (f"target tensors the source does not fill: {missing}", missing),
+        (f"the source has no trained {model_class.__name__} head: convert the encoder alone (--head base) and "
+         f"fine-tune it (examples/finetune_classification.py), or start from a checkpoint fine-tuned for this task",
+         head_only),
+        (f"mapped tensors the target does not have: {unexpected}", unexpected),
+        (f"shape mismatches: {wrong_shape}", wrong_shape),
+        (f"weights of an integer or bool dtype (a model's weights are floating point: float32, float16 or bfloat16; "
+         f"the checkpoint is damaged or not a model's weights): {wrong_dtype}", wrong_dtype),
+    ) if found]
     if problems:
         raise ConversionError("The checkpoint does not fit the target model:\n  " + "\n  ".join(problems))
     model.load_state_dict(tensors, strict=False, assign=True)
