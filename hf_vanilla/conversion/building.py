@@ -53,7 +53,7 @@ def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: 
     problems = [problem for problem, found in (
         (f"source tensors with no mapping: {unknown}", unknown),
         (f"target tensors the source does not fill: {missing}", missing),
-        (f"the source has no trained {model_class.__name__} head: convert the encoder alone (--head base) and "
+        (f"the source has no trained {type(model).__name__} head: convert the encoder alone (--head base) and "
          f"fine-tune it (examples/finetune_classification.py), or start from a checkpoint fine-tuned for this task",
          head_only),
         (f"mapped tensors the target does not have: {unexpected}", unexpected),
