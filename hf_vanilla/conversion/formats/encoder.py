@@ -14,7 +14,7 @@ from ...configuration_vanilla import VanillaEncoderConfig
 from ...heads import class_for_head, converter_heads
 from ..building import map_and_build
 from ..errors import ConversionError
-from ..io.reading import load_tensors
+from ..io.reading import Source, load_tensors
 from ..io.writing import copy_side_files
 from ..mapping import check_layer_counts, expand_table, normalise_keys, untie
 from ..parity import PRECISION_NAMES, check, reference_model, rule, verification_batch
@@ -292,7 +292,7 @@ class EncoderFormat:
 
     # ---- the flow's steps, source -> vanilla (flow.convert) ----
 
-    def read(self, source_dir: Path, raw_config: dict, head: str = "auto") -> "EncoderSource":
+    def read(self, source_dir: Path, raw_config: dict, head: str = "auto") -> Source:
         """The source's config, completed from its config class, its tensors, and the head to build."""
         from transformers import AutoConfig
 
@@ -302,12 +302,12 @@ class EncoderFormat:
         except Exception as error:
             raise ConversionError(f"{source_dir}/config.json is not a valid {self.title} config: {error}") from None
         tensors = load_tensors(source_dir)
-        return EncoderSource(source_dir, source_config, tensors, self.head_for(source_config, head, tensors))
+        return Source(source_dir, source_config, tensors, self.head_for(source_config, head, tensors))
 
-    def build(self, source: "EncoderSource"):
+    def build(self, source: Source):
         return self.to_vanilla(source.tensors, source.config, source.head, f"{source.directory}/config.json")
 
-    def verify(self, source: "EncoderSource", model) -> tuple[bool, str]:
+    def verify(self, source: Source, model) -> tuple[bool, str]:
         """transformers' model (loaded from the source's tensors) and ours on a right-padded batch, every layer's
         hidden states and every head output by the parity rule (`compare`). Returns (ok, summary)."""
         reference_class = self.source_class(source.config["model_type"], source.head)
@@ -319,10 +319,10 @@ class EncoderFormat:
         return compare(reference, model)
 
     @staticmethod
-    def side_files(source: "EncoderSource", directory: Path) -> None:
+    def side_files(source: Source, directory: Path) -> None:
         copy_side_files(source.directory, directory)  # the tokenizer, and sentence-transformers' files
 
-    def card(self, source: "EncoderSource", name: str) -> tuple[str, str]:
+    def card(self, source: Source, name: str) -> tuple[str, str]:
         return f"{Path(name).name} as a vanilla encoder", self.limitations
 
     # ---- the flow's steps, vanilla -> source (flow.to_source) ----
@@ -387,17 +387,6 @@ class EncoderFormat:
     @staticmethod
     def compare_written(vanilla, written, head: str) -> tuple[bool, str]:
         return compare(vanilla, written)
-
-
-@dataclass(frozen=True)
-class EncoderSource:
-    """A BERT-family source as `EncoderFormat.read` found it: its folder, its config (completed from the config
-    class), its tensors as read (the verification's reference holds them), and the head to build."""
-
-    directory: Path
-    config: dict
-    tensors: dict
-    head: str
 
 
 def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,

@@ -14,7 +14,7 @@ import torch
 from ...configuration_vanilla import VanillaSeq2SeqConfig
 from ..building import map_and_build
 from ..errors import ConversionError
-from ..io.reading import check_generation_settings, load_tensors, read_generation_config, read_json
+from ..io.reading import Source, check_generation_settings, load_tensors, read_generation_config, read_json
 from ..io.writing import TOKENIZER_FILES, copy_side_files
 from ..mapping import check_layer_counts
 from ..parity import PRECISION_NAMES, check, compare_generation, reference_model, reference_side, rule, worse
@@ -40,18 +40,6 @@ class Seq2SeqHead:
     decoder_inputs: bool = False
     generates: bool = False
     base: bool = False
-
-
-@dataclass(frozen=True)
-class Seq2SeqSource:
-    """An encoder-decoder source as a format read it: its folder, its config, its tensors as read (the
-    verification's reference holds them), the head (a transformers class name) and the generation ids."""
-
-    directory: Path
-    config: dict
-    tensors: dict
-    head: str
-    ids: dict
 
 
 @dataclass(frozen=True)
@@ -120,24 +108,24 @@ class Seq2SeqFormat:
 
     # ---- the flow's steps, source -> vanilla (flow.convert) ----
 
-    def read(self, source_dir: Path, source_config: dict) -> Seq2SeqSource:
+    def read(self, source_dir: Path, source_config: dict) -> Source:
         head = self.head_for(source_config)
         ids = generation_ids(source_dir, source_config)
-        return Seq2SeqSource(source_dir, source_config, load_tensors(source_dir), head, ids)
+        return Source(source_dir, source_config, load_tensors(source_dir), head, ids)
 
-    def build(self, source: Seq2SeqSource):
+    def build(self, source: Source):
         model = self.to_vanilla(source.tensors, source.config, source.head, f"{source.directory}/config.json")
         return with_generation_config(model, source.directory, source.ids)
 
-    def verify(self, source: Seq2SeqSource, model) -> tuple[bool, str]:
+    def verify(self, source: Source, model) -> tuple[bool, str]:
         spec = self.heads[source.head]
         return verify_against(source.head, source.tensors, source.directory, model,
                               decoder_inputs=spec.decoder_inputs, generation=spec.generates)
 
-    def side_files(self, source: Seq2SeqSource, directory: Path) -> None:
+    def side_files(self, source: Source, directory: Path) -> None:
         copy_tokenizer(source.directory, directory, self.tokenizer_class)
 
-    def card(self, source: Seq2SeqSource, name: str) -> tuple[str, str]:
+    def card(self, source: Source, name: str) -> tuple[str, str]:
         # A format of one class converts "an encoder-decoder"; of several, it names the one it wrote.
         what = "encoder-decoder" if len(self.heads) == 1 else self.heads[source.head].model_class.__name__
         return f"{Path(name).name} as a vanilla {what}", ""

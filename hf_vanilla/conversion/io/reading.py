@@ -8,6 +8,7 @@ Every converter, in both directions, and the ONNX export read their sources here
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -182,6 +183,19 @@ def _too_deep(text: str) -> str | None:
         elif depth == 1:
             key = token[1:-1]
     return None
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source checkpoint as a format's `read` found it, for the flow's later steps: its folder, its config (a dict),
+    its tensors as read (the verification's reference holds them), the head to build, and, for an encoder-decoder,
+    the generation ids its config and generation config give."""
+
+    directory: Path
+    config: dict
+    tensors: dict
+    head: str
+    ids: dict = field(default_factory=dict)
 
 
 def read_source(source: str, model_types: tuple[str, ...], converter: str) -> tuple[Path, dict]:
