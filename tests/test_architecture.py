@@ -97,3 +97,11 @@ def test_engines_sit_beside_the_model():
                                                                               "hf_vanilla.runtimes.openvino"}
     modeling = imported_names(PACKAGE / "modeling_vanilla.py")
     assert "hf_vanilla.runtime_registry" in modeling and not any("runtimes" in name for name in modeling)
+
+
+def test_auto_reaches_the_engines_through_the_registry_it_is_handed():
+    """runtime="auto" puts the other engines on by name through the `apply_runtime` the registry hands it: it imports
+    no engine's module, and not the registry, which names it (a circle)."""
+    imported = imported_names(PACKAGE / "runtimes" / "auto.py")
+    barred = ("hf_vanilla.runtimes.onnxruntime.", "hf_vanilla.runtimes.openvino.", "hf_vanilla.runtime_registry.")
+    assert not sorted(name for name in imported if (name + ".").startswith(barred))

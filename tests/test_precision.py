@@ -350,6 +350,7 @@ def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale
     from transformers import AutoTokenizer
 
     from hf_vanilla import VanillaEncoderModel
+    from hf_vanilla.runtime_registry import apply_runtime
     from hf_vanilla.runtimes import auto, choice
     from hf_vanilla.runtimes.accuracy import lowest_cosine
     from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
@@ -368,13 +369,17 @@ def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale
 
     if reduced == "openvino bf16":
         monkeypatch.setattr(auto, "bf16_is_fast", lambda: True)
-        apply = auto._apply
-        monkeypatch.setattr(auto, "_apply", lambda model, runtime, precision="f32", **options: model.to(
-            torch.bfloat16) if precision == "bf16" else apply(model, runtime, precision=precision, **options))
+
+        def engines(model, runtime, precision="f32", **options):  # the registry, PyTorch's bf16 for OpenVINO's
+            if precision == "bf16":
+                return model.to(torch.bfloat16)
+            return apply_runtime(model, runtime, precision=precision, **options)
 
         def reduce(model):
             return model.to(torch.bfloat16)
     else:
+        engines = apply_runtime
+
         def reduce(model):
             return use_onnx_runtime(model, cache_dir=graphs, owned=True, precision="int8")
     # One engine of each precision (OpenVINO's float32 and int8 paths would only make the test slower).
@@ -398,8 +403,7 @@ def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale
         cost = {reduced: 0.001, "onnxruntime": 0.003}.get(path.name, 1.0)
         return lambda: (scripted_clock.advance(cost), call())[1]
     monkeypatch.setattr(auto, "runner", runner)
-    model = VanillaEncoderModel.from_pretrained(folder, runtime="auto", runtime_options={
-        "precision": "fastest", "cache_dir": graphs})
+    model = auto.use_auto(load(), precision="fastest", cache_dir=graphs, apply_runtime=engines)
     chosen = auto.auto_choice(model)
     report = f"{reduced}: {chosen.accuracy.get(reduced)} on real text, {made_up:.4f} on made-up ids"
     assert chosen.runtime == "onnxruntime" and chosen.accuracy[reduced] < auto.ACCURACY_FLOOR, report

@@ -31,6 +31,7 @@ from hf_vanilla import (
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqModel,
 )
+from hf_vanilla.runtime_registry import apply_runtime
 from hf_vanilla.runtimes.choice import key_of, runtime_choices
 
 pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
@@ -67,6 +68,11 @@ def graphs(shared_graphs):
     for kept in shared_graphs.glob("auto-*.json"):
         kept.rmdir() if kept.is_dir() else kept.unlink()
     return shared_graphs
+
+
+def use_auto(model, **options):
+    """runtime="auto" put on `model` as from_pretrained puts it: through the registry."""
+    return apply_runtime(model, "auto", **options)
 
 
 def model_of(cls=VanillaEncoderModel, seed=0):
@@ -151,7 +157,7 @@ def test_the_path_the_clock_favours_is_attached(winner, graphs, scripted_clock, 
         pytest.importorskip("openvino")
     scripted(monkeypatch, scripted_clock, {name: 0.1 if name == winner else 0.3 for name in ENGINES})
     model, plain = model_of(), model_of()
-    assert auto.use_auto(model, cache_dir=graphs) is model
+    assert use_auto(model, cache_dir=graphs) is model
     chosen = auto.auto_choice(model)
     assert chosen.runtime == winner and not chosen.cached
     assert engine_of(model) == ENGINES[winner]
@@ -166,7 +172,7 @@ def test_each_measured_size_keeps_its_engine_or_pytorch(graphs, scripted_clock, 
     the engine, as its per-size choice would have made them."""
     scripted(monkeypatch, scripted_clock, {"onnxruntime": {"short": 0.1, "padded": 0.5},
                                            "pytorch": {"short": 0.3, "padded": 0.2}})
-    model = auto.use_auto(model_of(), cache_dir=graphs)
+    model = use_auto(model_of(), cache_dir=graphs)
     assert auto.auto_choice(model).runtime == "onnxruntime"
     assert auto.auto_choice(model).times_ms["onnxruntime"] == pytest.approx({"short": 100.0, "padded": 200.0})
     short, padded = key_of(1, 16), key_of(4, 32 + 24 + 16 + 8)
@@ -184,7 +190,7 @@ def test_queries_are_timed_after_an_idle_moment_and_by_their_median(graphs, scri
                                                                 scripted_clock.advance(seconds)))
     scripted(monkeypatch, scripted_clock, {"onnxruntime owned": {"short": [0.05, 0.3, 0.3], "padded": 0.1},
                                            "onnxruntime": {"short": 0.1, "padded": 0.1}}, events)
-    model = auto.use_auto(model_of(), cache_dir=graphs)
+    model = use_auto(model_of(), cache_dir=graphs)
     assert auto.auto_choice(model).runtime == "onnxruntime"
     assert auto.auto_choice(model).engine_ms["onnxruntime owned"]["short"] == pytest.approx(300.0)
     timed = events[events.index(("idle", auto.IDLE_S)):]  # the untimed first calls of each path come before
@@ -196,7 +202,7 @@ def test_queries_are_timed_after_an_idle_moment_and_by_their_median(graphs, scri
 def test_a_tie_goes_to_the_path_with_fewer_restrictions(graphs, scripted_clock, monkeypatch):
     """Within 2% of each other, PyTorch is kept over an engine holding the weights."""
     scripted(monkeypatch, scripted_clock, {"pytorch": 0.101, "onnxruntime owned": 0.1})
-    model = auto.use_auto(model_of(), cache_dir=graphs)
+    model = use_auto(model_of(), cache_dir=graphs)
     assert auto.auto_choice(model).runtime == "pytorch" and engine_of(model) is None
 
 
@@ -205,11 +211,11 @@ def test_the_decision_is_kept_and_measured_again_where_it_does_not_apply(graphs,
     library or another thread count is another key, and measures again."""
     calls = []
     scripted(monkeypatch, scripted_clock, {"onnxruntime owned": 0.001}, calls)
-    first = auto.use_auto(model_of(VanillaEncoderForSequenceClassification), cache_dir=graphs)
+    first = use_auto(model_of(VanillaEncoderForSequenceClassification), cache_dir=graphs)
     kept = sorted(graphs.glob("auto-*.json"))
     assert len(kept) == 1 and calls and auto.auto_choice(first).file == str(kept[0])
     calls.clear()
-    second = auto.use_auto(model_of(VanillaEncoderForSequenceClassification, seed=1), cache_dir=graphs)
+    second = use_auto(model_of(VanillaEncoderForSequenceClassification, seed=1), cache_dir=graphs)
     assert calls == [] and auto.auto_choice(second).cached
     assert auto.auto_choice(second).runtime == "onnxruntime owned" == auto.auto_choice(first).runtime
     assert engine_of(second) == "OwnedOnnxEncoder"
@@ -221,7 +227,7 @@ def test_the_decision_is_kept_and_measured_again_where_it_does_not_apply(graphs,
     monkeypatch.setattr(decision, "cpu_flags", lambda: flags ^ {"avx512_vnni"})  # another CPU
     keys.add(decision.decision_key(second, "f32", 2, paths))
     calls.clear()
-    again = auto.use_auto(model_of(VanillaEncoderForSequenceClassification), cache_dir=graphs)
+    again = use_auto(model_of(VanillaEncoderForSequenceClassification), cache_dir=graphs)
     assert calls and not auto.auto_choice(again).cached and len(list(graphs.glob("auto-*.json"))) == 2
     found = decision.versions()
     monkeypatch.setattr(decision, "versions", lambda: dict(found, openvino="0.0.1"))
@@ -247,7 +253,7 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
     calls = []
     scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001}, calls)
     with pytest.warns(UserWarning, match=r"ignored the kept decision .*auto-.*\.json.*measuring again"):
-        auto.use_auto(model, cache_dir=graphs)
+        use_auto(model, cache_dir=graphs)
     assert calls and auto.auto_choice(model).runtime == "onnxruntime"
     assert json.loads(kept.read_text())["choice"]["runtime"] == "onnxruntime"
     assert decision.read_decision(kept, auto._candidates("f32")[0])["runtime"] == "onnxruntime"
@@ -303,7 +309,7 @@ def test_a_decision_file_of_another_kind_is_ignored_never_hanging(kind, says, gr
     calls = []
     scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001}, calls)
     with within(120), pytest.warns(UserWarning, match=rf"ignored the kept decision .*\({says}.*measuring again"):
-        auto.use_auto(model, cache_dir=graphs)
+        use_auto(model, cache_dir=graphs)
     chosen = auto.auto_choice(model)
     assert calls and chosen.runtime == "onnxruntime"
     answers_as_pytorch(model, plain)
@@ -324,16 +330,13 @@ def test_a_kept_path_that_cannot_run_the_model_is_ignored(how, graphs, scripted_
                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
                                       decoder_ffn_dim=64)
         torch.manual_seed(0)
-        make, refusal = lambda: VanillaSeq2SeqModel(config).eval(), r"encoder-decoder"
+        make, refusal, engines = lambda: VanillaSeq2SeqModel(config).eval(), r"encoder-decoder", apply_runtime
     else:
-        original = auto._apply
-
-        def broken(model, runtime, **options):
+        def broken(model, runtime, **options):  # the registry, but for OpenVINO
             if runtime == "openvino":
                 raise ImportError("libopenvino.so.2540: cannot open shared object file")
-            return original(model, runtime, **options)
-        monkeypatch.setattr(auto, "_apply", broken)
-        make, refusal = model_of, r"libopenvino"
+            return apply_runtime(model, runtime, **options)
+        make, refusal, engines = model_of, r"libopenvino", broken
     model = make()
     kept = decision.decision_file(model, "f32", torch.get_num_threads(), auto._candidates("f32")[0], graphs)
     kept.write_text(json.dumps({"format": decision.FORMAT, "key": kept.stem[5:], "choice": kept_record("openvino")}))
@@ -341,11 +344,11 @@ def test_a_kept_path_that_cannot_run_the_model_is_ignored(how, graphs, scripted_
     scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.1, "pytorch": 0.3}, calls)
     with pytest.warns(UserWarning, match=rf"ignored the kept decision .*\(openvino refused this model: .*{refusal}.*"
                                          rf"measuring again"):
-        auto.use_auto(model, cache_dir=graphs)
+        auto.use_auto(model, cache_dir=graphs, apply_runtime=engines)
     assert calls and auto.auto_choice(model).runtime == "onnxruntime" and "openvino" in auto.auto_choice(model).left_out
     assert json.loads(kept.read_text())["choice"]["runtime"] == "onnxruntime"
     calls.clear()
-    again = auto.use_auto(make(), cache_dir=graphs)
+    again = auto.use_auto(make(), cache_dir=graphs, apply_runtime=engines)
     assert calls == [] and auto.auto_choice(again).cached and auto.auto_choice(again).runtime == "onnxruntime"
 
 
@@ -357,13 +360,13 @@ def test_a_decision_within_the_noise_is_measured_again_once(graphs, scripted_clo
     calls = []
     monkeypatch.setattr(auto, "missing", lambda path: ["openvino"] if path.runtime == "openvino" else [])
     scripted(monkeypatch, scripted_clock, costs, calls)
-    first = auto.auto_choice(auto.use_auto(model_of(), cache_dir=graphs))
+    first = auto.auto_choice(use_auto(model_of(), cache_dir=graphs))
     assert first.runtime == "onnxruntime" and first.margin == pytest.approx(1.025) and not first.settled
     assert not json.loads(open(first.file).read())["choice"]["settled"]
 
     costs.update({"onnxruntime": 0.1025, "onnxruntime owned": 0.1})
     calls.clear()
-    model, plain = auto.use_auto(model_of(), cache_dir=graphs), model_of()
+    model, plain = use_auto(model_of(), cache_dir=graphs), model_of()
     second = auto.auto_choice(model)
     assert calls and not second.cached and second.settled
     assert second.runtime == "onnxruntime" and engine_of(model) == "OnnxEncoder"
@@ -371,13 +374,13 @@ def test_a_decision_within_the_noise_is_measured_again_once(graphs, scripted_clo
     answers_as_pytorch(model, plain)
 
     calls.clear()
-    third = auto.auto_choice(auto.use_auto(model_of(), cache_dir=graphs))
+    third = auto.auto_choice(use_auto(model_of(), cache_dir=graphs))
     assert calls == [] and third.cached and third.runtime == "onnxruntime" and third.settled
 
     for kept in graphs.glob("auto-*.json"):
         kept.unlink()
     costs.update({"onnxruntime": 0.1, "onnxruntime owned": 0.3})
-    clear = auto.auto_choice(auto.use_auto(model_of(), cache_dir=graphs))
+    clear = auto.auto_choice(use_auto(model_of(), cache_dir=graphs))
     assert clear.runtime == "onnxruntime" and clear.margin == pytest.approx(3.0) and clear.settled
 
 
@@ -392,7 +395,7 @@ def test_an_encoder_decoder_runs_where_its_encoder_can(graphs, scripted_clock, m
     model = VanillaSeq2SeqModel(config).eval()
     plain = VanillaSeq2SeqModel(config).eval()
     plain.load_state_dict(model.state_dict())
-    auto.use_auto(model, cache_dir=graphs)
+    use_auto(model, cache_dir=graphs)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime" and "encoder-decoder" in chosen.left_out["onnxruntime owned"]
     assert type(vars(model.get_encoder())["forward"]).__name__ == "OnnxEncoder"
@@ -408,7 +411,7 @@ def test_a_decision_measured_on_a_saturated_machine_is_not_kept(graphs, scripted
     """Measured while the load average exceeds the cores, the choice serves this process and no file is written."""
     monkeypatch.setattr(auto, "saturated", lambda: "load average 9.0 on 2 cores")
     scripted(monkeypatch, scripted_clock, {"onnxruntime": 0.001})
-    model = auto.use_auto(model_of(), cache_dir=graphs)
+    model = use_auto(model_of(), cache_dir=graphs)
     assert auto.auto_choice(model).runtime == "onnxruntime" and auto.auto_choice(model).file is None
     assert list(graphs.glob("auto-*.json")) == []
 
@@ -426,7 +429,7 @@ def test_saturation_is_read_from_the_load_average(monkeypatch):
 def test_paths_not_installed_are_not_candidates(graphs, scripted_clock, monkeypatch):
     """Without ONNX Runtime and OpenVINO, auto is eager PyTorch, measured nothing, and says why."""
     monkeypatch.setattr(auto, "missing", lambda path: ["onnxruntime"] if path.runtime else [])
-    model = auto.use_auto(model_of(), cache_dir=graphs)
+    model = use_auto(model_of(), cache_dir=graphs)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "pytorch" and engine_of(model) is None and chosen.times_ms == {}
     assert chosen.left_out["openvino"] == "onnxruntime not installed"
@@ -442,7 +445,7 @@ def test_reduced_precision_only_when_asked_and_at_the_accuracy_floor(graphs, scr
     assert all(path.precision == "f32" for path in auto._candidates("f32")[0])
 
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
-    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime owned int8" and vars(model)["forward"].precision == "int8"
     assert "bf16_is_fast" in chosen.left_out["openvino bf16"]
@@ -452,7 +455,7 @@ def test_reduced_precision_only_when_asked_and_at_the_accuracy_floor(graphs, scr
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", 1.5)
     for kept in graphs.glob("auto-*.json"):
         kept.unlink()
-    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime"
     assert chosen.left_out["onnxruntime owned int8"].startswith("lowest token cosine")
@@ -466,11 +469,11 @@ def test_the_floor_is_checked_on_the_samples_text(graphs, scripted_clock, monkey
     monkeypatch.setattr(auto, "missing", lambda path: ["openvino"] if path.runtime == "openvino" else [])
     scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001, "onnxruntime": 0.003})
     wrong_at(monkeypatch, "onnxruntime owned int8", OUTLIER)
-    model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     assert auto.auto_choice(model).runtime == "onnxruntime owned int8"
 
     with_outlier = [PLAIN, sample_of([2, 3, OUTLIER, 5, 6])]
-    model, plain = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=with_outlier), model_of()
+    model, plain = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=with_outlier), model_of()
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime" and not chosen.cached and chosen.accuracy["onnxruntime owned int8"] < 0
     assert chosen.left_out["onnxruntime owned int8"].startswith("lowest token cosine -1.0000 < 0.984 on 2 tokenized")
@@ -483,12 +486,12 @@ def test_fastest_without_text_to_check_on_measures_float32_only(graphs, scripted
     warning naming the fix; texts without a tokenizer are refused so."""
     scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001, "onnxruntime": 0.003})
     with pytest.warns(UserWarning, match=r"float32 paths only: no tokenizer saved with the model.*'sample'"):
-        model = auto.use_auto(model_of(), precision="fastest", cache_dir=graphs)
+        model = use_auto(model_of(), precision="fastest", cache_dir=graphs)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime" and "no tokenizer" in chosen.left_out["onnxruntime owned int8"]
     assert all(auto.BY_NAME[name].precision == "f32" for name in chosen.times_ms)
     with pytest.raises(ValueError, match=r"sample texts are tokenized by the model's own tokenizer.*tokenized batches"):
-        auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=["A sentence of real text."])
+        use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=["A sentence of real text."])
 
 
 def save_word_tokenizer(folder) -> None:
@@ -571,20 +574,28 @@ def test_from_pretrained_runtime_auto(graphs, scripted_clock, monkeypatch, tmp_p
     ({"sample": [{"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[0, 0]])}]},
      r"a real token in every row"),
     ({"sample": ["text", {"input_ids": torch.tensor([[1]])}]}, r"sample mixes texts and other things"),
+    ({"apply_runtime": apply_runtime}, r"runtime='auto' takes no option 'apply_runtime': it is not a runtime option"),
 ])
 def test_bad_options_are_refused(options, message, graphs, tmp_path):
     """Each refused with a one-line ValueError naming the option, before anything is measured; the same through
     from_pretrained (cache_dir=5 was a TypeError from pathlib)."""
     with pytest.raises(ValueError, match=message):
-        auto.use_auto(model_of(), **{"cache_dir": graphs} | options)
+        use_auto(model_of(), **{"cache_dir": graphs} | options)
     model_of().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=message):
         VanillaEncoderModel.from_pretrained(tmp_path, runtime="auto", runtime_options={"cache_dir": graphs} | options)
 
 
+def test_an_option_auto_does_not_take_is_refused_naming_those_it_does(graphs):
+    """The options named are the user's: not `apply_runtime`, which the registry hands over itself."""
+    with pytest.raises(ValueError, match=r"^runtime='auto' takes no option 'precison': runtime_options takes "
+                                         r"\['precision', 'threads', 'cache_dir', 'sample'\]\.$"):
+        use_auto(model_of(), cache_dir=graphs, precison="fastest")
+
+
 def test_training_is_refused(graphs):
     with pytest.raises(ValueError, match=r"inference only: call model.eval\(\)"):
-        auto.use_auto(model_of().train(), cache_dir=graphs)
+        use_auto(model_of().train(), cache_dir=graphs)
 
 
 def test_the_key_is_the_models_shape_and_at_fastest_its_weights():
@@ -613,11 +624,11 @@ def test_a_fastest_decision_is_measured_again_for_other_weights(graphs, scripted
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
     calls = []
     scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": 0.001}, calls)
-    auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     calls.clear()
-    assert auto.auto_choice(auto.use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)).cached
+    assert auto.auto_choice(use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)).cached
     assert calls == []
-    other = auto.use_auto(model_of(seed=1), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    other = use_auto(model_of(seed=1), precision="fastest", cache_dir=graphs, sample=PLAIN)
     assert calls and not auto.auto_choice(other).cached and len(list(graphs.glob("auto-*.json"))) == 2
 
 
@@ -638,7 +649,7 @@ def test_a_bfloat16_model_is_refused_naming_the_fix(graphs, scripted_clock, monk
                                                                     runtime_options=options)
     model = model_of().to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"dtype=torch.float32"):
-        auto.use_auto(model, cache_dir=graphs)
+        use_auto(model, cache_dir=graphs)
     assert engine_of(model) is None and auto.auto_choice(model) is None
 
 

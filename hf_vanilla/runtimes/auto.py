@@ -2,7 +2,9 @@
 
     model = AutoModel.from_pretrained(path, runtime="auto")                                   # float32
     model = AutoModel.from_pretrained(path, runtime="auto", runtime_options={"precision": "fastest"})
-    from hf_vanilla.runtimes.auto import use_auto, auto_choice                                # on a model in hand
+    from hf_vanilla.runtime_registry import apply_runtime                                     # on a model in hand
+    model = apply_runtime(model, "auto")
+    from hf_vanilla.runtimes.auto import auto_choice
     auto_choice(model)   # which path runs, why, and what each measured
 
 Why. Which way of running an encoder is fastest depends on the CPU, the request size and the libraries installed:
@@ -30,7 +32,8 @@ VMs measured, and the best of a few samples chose by luck (MiniLM, eight loads: 
 twice). 5-6 s for MiniLM on 2 cores, attaching included, 18-33 s for a model of bert-base's size, once per
 machine (the decision is kept, below). A machine saturated throughout defeats it (docs/performance.md: on 2 cores
 under a load of 6-9, inside a process holding some twenty engines, every MiniLM engine measured level with PyTorch,
-where OpenVINO runs it 2.5-2.7x faster than eager PyTorch when quiet). Its cost, with the attach of every path, is logged at INFO.
+where OpenVINO runs it 2.5-2.7x faster than eager PyTorch when quiet). Its cost, with the attach of every path, is
+logged at INFO.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine on the short request (no padding) and at a reduced precision, else the
@@ -100,16 +103,6 @@ from .options import checked
 logger = logging.getLogger(__name__)
 
 
-def _apply(model, runtime: str, **options):
-    """The built-in engine `runtime` ("onnxruntime" or "openvino") put on `model`: imported here, not through
-    hf_vanilla.runtime_registry, which names this module (the two would import each other)."""
-    if runtime == "onnxruntime":
-        from .onnxruntime import use_onnx_runtime as use
-    else:
-        from .openvino import use_openvino as use
-    return use(model, **options)
-
-
 BUDGET_S = 2.0  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
 ROUNDS = 3  # rounds at least, whatever the budget
 QUERIES = 3  # timed calls of the short query per path and round, each after IDLE_S and another path's call
@@ -129,14 +122,14 @@ def missing(path: Path) -> list:
     return [package for package in path.packages if importlib.util.find_spec(package) is None]
 
 
-def use_auto(model, precision: str = "f32", threads: int | None = None, cache_dir=None, sample=None):
+def use_auto(model, precision: str = "f32", threads: int | None = None, cache_dir=None, sample=None, *, apply_runtime):
     """Run `model` (a vanilla model in eval mode, float32 on the CPU) on the path measured fastest for it here (the
-    module docstring), and return it. `precision`: "f32" (float32 paths only, the default) or "fastest" (int8 and
-    bf16 paths too, at the accuracy rule's floor or above). `threads`: the engines' (default torch's
-    `get_num_threads()`). `cache_dir`: where graphs and the decision are kept. `sample`: the text "fastest" checks
-    accuracy on (hf_vanilla/runtimes/accuracy.py: texts, or tokenized batches; None: the built-in sentences). Calling
-    it again (another thread count, a new version) measures again where the kept decision does not apply.
-    `auto_choice(model)` says what was chosen."""
+    module docstring), and return it. `precision`: "f32" (float32 paths only, the default) or "fastest" (int8 and bf16
+    paths too, at the accuracy rule's floor or above). `threads`: the engines' (default torch's `get_num_threads()`).
+    `cache_dir`: where graphs and the decision are kept. `sample`: the text "fastest" checks accuracy on
+    (hf_vanilla/runtimes/accuracy.py: texts, or tokenized batches; None: the built-in sentences). Calling it again
+    (another thread count, a new version) measures again where the kept decision does not apply. `auto_choice(model)`
+    says what was chosen. `apply_runtime`: the registry's, handed over by it (runtime_registry.py says why)."""
     if precision not in PRECISIONS:
         raise ValueError(f"use_auto: precision={precision!r} is not one of {PRECISIONS}: 'f32' measures the float32 "
                          f"paths, 'fastest' also int8 and bf16 at no lower accuracy than the int8 engines'.")
@@ -168,7 +161,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
     record = kept if kept is not None and kept.settled else None
     if record is not None:
         try:
-            _attach(model, record, threads, cache_dir)
+            _attach(model, record, threads, cache_dir, apply_runtime)
             logger.info("runtime='auto': %s, as measured before (%s)", record.runtime, file)
         except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
             take_off(model)
@@ -177,7 +170,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
                           stacklevel=2)
             kept = record = None
     if record is None:
-        record = _measure(model, precision, threads, cache_dir, paths, left_out, batches, text)
+        record = _measure(model, precision, threads, cache_dir, paths, left_out, batches, text, apply_runtime)
         if kept is not None:  # an unsettled decision, measured once more
             record = _settle(kept, record)
         busy = saturated()
@@ -186,7 +179,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
                         "the next load measures again", busy)
         else:
             record.file = write_decision(file, record)
-        _attach(model, record, threads, cache_dir)
+        _attach(model, record, threads, cache_dir, apply_runtime)
     _CHOICES[model] = record
     return model
 
@@ -196,11 +189,12 @@ def auto_choice(model) -> AutoChoice | None:
     return _CHOICES.get(model)
 
 
-def _attach(model, record: AutoChoice, threads: int, cache_dir) -> None:
-    """Put the engine of `record`'s path on `model`, with the per-size decisions of the measured requests."""
+def _attach(model, record: AutoChoice, threads: int, cache_dir, apply_runtime) -> None:
+    """Put the engine of `record`'s path on `model` (through `apply_runtime`), with the per-size decisions of the
+    measured requests."""
     path = BY_NAME[record.runtime]
     if path.runtime is not None:
-        _apply(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
+        apply_runtime(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
         _keep_sizes(model, record)
 
 
@@ -261,9 +255,10 @@ def runner(model, path: Path, inputs: dict):
     return run
 
 
-def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sample) -> AutoChoice:
-    """Attach each path to its own copy of `model`, check the reduced ones' accuracy on `batches` (the sample), time
-    them all in balanced orders, each request as such requests come (the module docstring), and choose."""
+def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sample, apply_runtime) -> AutoChoice:
+    """Attach each path to its own copy of `model` (through `apply_runtime`), check the reduced ones' accuracy on
+    `batches` (the sample), time them all in balanced orders, each request as such requests come (the module
+    docstring), and choose."""
     started = time.perf_counter()
     inputs = requests(model.config)
     models = {}
@@ -272,7 +267,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
             models[path.name] = model
             continue
         try:
-            models[path.name] = _apply(copy.deepcopy(model), path.runtime, threads=threads,
+            models[path.name] = apply_runtime(copy.deepcopy(model), path.runtime, threads=threads,
                                               cache_dir=cache_dir, **dict(path.options))
         except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
             left_out[path.name] = str(error).splitlines()[0]
@@ -456,8 +451,8 @@ def _cpu() -> dict:
 def saturated() -> str | None:
     """Why this machine is too busy for a measurement worth keeping (more runnable threads on average over the last
     minute than cores this process may use), or None. Measured on two cores under a load of 6-9, every engine read
-    level with PyTorch where OpenVINO is 2.5-2.7x faster on a quiet one (docs/performance.md): such a decision serves the
-    process that made it, and is not written for the next."""
+    level with PyTorch where OpenVINO is 2.5-2.7x faster on a quiet one (docs/performance.md): such a decision serves
+    the process that made it, and is not written for the next."""
     try:
         load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
     except (OSError, AttributeError):  # no load average or affinity here (not Linux): nothing to go by
