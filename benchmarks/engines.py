@@ -29,7 +29,7 @@ Engines, each given the same number of threads (--threads, default 2):
                     once, in its session), per request size ONNX Runtime or eager PyTorch on the engine's copy; in the
                     reduced-precision table also at precision "int8" (ONNX Runtime's int8 products, each token on its
                     own range)
-    hf_vanilla auto  ours after `hf_vanilla.runtimes.auto.use_auto(model)` (`runtime="auto"`): whichever of the
+    hf_vanilla auto  ours after `apply_runtime(model, "auto")` (`runtime="auto"`): whichever of the
                     paths above measured fastest at attach (printed with its timings; cold start has the
                     cost), per request size that engine or eager PyTorch; its float32 row also says auto /
                     the fastest float32 engine (ours included), the figure auto is held to
@@ -440,15 +440,16 @@ def load_engines(models, threads, precisions, cold):
                 models.label, lambda ours=ours, precision=precision: use_onnx_runtime(
                     ours, plain.parent / "cache", threads, owned=True, precision=precision))
     if available("hf_vanilla ORT") or available("hf_vanilla OV"):
-        from hf_vanilla.runtimes.auto import auto_choice, use_auto
+        from hf_vanilla.runtime_registry import apply_runtime
+        from hf_vanilla.runtimes.auto import auto_choice
 
         reference = models.reference
         for precision in ["f32"] + (["fastest"] if precisions & {"int8", "bf16"} else []):
             ours = bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").eval()
             models.auto[precision] = cold.time(
-                f"use_auto(precision={precision!r}) (every path attached and timed, then the chosen one attached)",
-                models.label, lambda ours=ours, precision=precision: use_auto(ours, precision, threads,
-                                                                              plain.parent / "cache"))
+                f"runtime='auto', precision={precision!r} (every path attached and timed, then the chosen one "
+                f"attached)", models.label, lambda ours=ours, precision=precision: apply_runtime(
+                    ours, "auto", precision=precision, threads=threads, cache_dir=plain.parent / "cache"))
             chosen = auto_choice(models.auto[precision])
             print(f"  {models.label}: runtime='auto' at {precision!r} chose {chosen.runtime} in "
                   f"{chosen.measured_s:.1f} s; ms 1x16 / padded 4x32, the engine's own call: " + ", ".join(
