@@ -275,7 +275,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     accuracy = _accuracy(models, batches, left_out, sample)
     for name, candidate in models.items():  # the engine's own path on the measured requests
         for request in inputs.values():
-            _force_engine(candidate, request)
+            _decide(candidate, request, engine=True)
     runs = {name: {request: runner(candidate, BY_NAME[name], inputs[request]) for request in inputs}
             for name, candidate in models.items()}
     attached = time.perf_counter() - started
@@ -296,14 +296,16 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     return record
 
 
-def _force_engine(model, request: dict) -> None:
-    """Every engine in front of `model`'s modules answers `request`'s size itself: the measurement times the engine's
-    own path, and PyTorch's apart (`_effective` then does what the per-size choice would)."""
-    key = key_of(request["attention_mask"].shape[0], int(request["attention_mask"].sum()))
+def _decide(model, request: dict, engine: bool) -> None:
+    """Every engine in front of `model`'s modules decides `request`'s size: it answers it itself (`engine`) or lets
+    PyTorch. The measurement forces the engine, to time its own path and PyTorch's apart (`_effective` then does what
+    the per-size choice would); the chosen engine keeps what was measured (`_keep_sizes`)."""
+    mask = request["attention_mask"]
+    key = key_of(mask.shape[0], int(mask.sum()))
     for module in model.modules():
         decisions = getattr(engine_of(module), "choice", None)
         if isinstance(decisions, measure.MeasuredChoice):
-            decisions.decide(key, True)
+            decisions.decide(key, engine)
 
 
 def _accuracy(models: dict, batches: list | None, left_out: dict, sample: str) -> dict:
@@ -318,7 +320,7 @@ def _accuracy(models: dict, batches: list | None, left_out: dict, sample: str) -
     for name in reduced:
         lowest = []
         for batch, want in zip(batches, expected):
-            _force_engine(models[name], batch)
+            _decide(models[name], batch, engine=True)
             lowest.append(lowest_cosine(runner(models[name], BY_NAME[name], batch)(), want, batch["attention_mask"]))
         accuracy[name] = float("nan") if any(math.isnan(value) for value in lowest) else min(lowest)
         if not accuracy[name] >= ACCURACY_FLOOR:  # NaN included
@@ -430,15 +432,8 @@ def _keep_sizes(model, record: AutoChoice) -> None:
     CHOICE_MIN_GAIN faster than PyTorch)."""
     engine, pytorch = record.engine_ms.get(record.runtime, {}), record.engine_ms.get("pytorch", {})
     for request, inputs in requests(model.config).items():
-        if request not in engine or request not in pytorch:
-            continue
-        mask = inputs["attention_mask"]
-        key = key_of(mask.shape[0], int(mask.sum()))
-        faster = pytorch[request] >= CHOICE_MIN_GAIN * engine[request]
-        for module in model.modules():
-            decisions = getattr(engine_of(module), "choice", None)
-            if isinstance(decisions, measure.MeasuredChoice):
-                decisions.decide(key, faster)
+        if request in engine and request in pytorch:
+            _decide(model, inputs, engine=pytorch[request] >= CHOICE_MIN_GAIN * engine[request])
 
 
 # ---- the machine measured on -----------------------------------------------------------------------------------------
