@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -34,6 +33,7 @@ from transformers.utils import TransformersKwargs
 
 from .compat import one_cache, resized_embeddings
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+from .head_layers import VanillaLMHead, VanillaReplacedTokenHead, classifier_layers
 from .heads import MODELS
 from .kernels import VanillaLinear, is_tracing
 from .losses import (
@@ -45,7 +45,7 @@ from .runtime_registry import apply_runtime
 from .transformer import VanillaEmbeddings, VanillaStack, sinusoidal_position_table
 from .validation import (
     check_choices, check_eos_tokens, check_labels, check_sequence_labels, check_span_positions, check_target,
-    check_token_labels, refuse_non_tensors, refuse_packed_pairs,
+    check_token_labels, refuse_non_tensors, refuse_packed_pairs, refuse_unpaired_boundaries,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,35 +172,6 @@ class VanillaPreTrainedModel(PreTrainedModel):
         return None if labels is None else self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
 
 
-def classifier_layers(config, num_outputs: int):
-    """BERT's classification layer: dropout (`classifier_dropout`, or the hidden dropout when unset), then a linear
-    map (..., E) -> (..., num_outputs), held as `dropout` and `classifier`, the names BERT's checkpoints' keys use."""
-    rate = config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
-    return nn.Dropout(rate), VanillaLinear(config.hidden_size, num_outputs)
-
-
-class VanillaLMHead(nn.Module):
-    """Scores every vocabulary entry at every position: (..., E) -> (..., V).
-
-    The output projection is the token embedding matrix (section 3.4), tied by `_tied_weights_keys`. BERT first
-    applies dense + activation + LayerNorm (`transform`); the paper projects directly.
-    """
-
-    def __init__(self, config, transform: bool):
-        super().__init__()
-        if transform:
-            self.dense = VanillaLinear(config.hidden_size, config.embedding_size)
-            self.act = ACT2FN[config.hidden_act]
-            self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-        self.transform = transform
-        self.decoder = VanillaLinear(config.embedding_size if transform else config.hidden_size, config.vocab_size)
-
-    def forward(self, hidden_states):
-        if self.transform:
-            hidden_states = self.norm(self.act(self.dense(hidden_states)))
-        return self.decoder(hidden_states)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # 2. The BERT-style encoder and its heads
 # ----------------------------------------------------------------------------------------------------------------
@@ -277,9 +248,11 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
         self.lm_head = VanillaLMHead(config, transform=True)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, **kwargs: Unpack[TransformersKwargs]) -> MaskedLMOutput | tuple:
         """labels: (B, T), the original token at masked positions and -100 elsewhere. Returns logits (B, T, V)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
         out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
@@ -305,9 +278,13 @@ class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
         self.lm_head = VanillaLMHead(config, transform=True)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                cache=None, past_key_values=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, cache: Cache | None = None,
+                past_key_values: Cache | None = None, labels: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> CausalLMOutputWithCrossAttentions | tuple:
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
         position_ids: (B, T) counted from 0 (`generate` derives them from a left-padded mask).
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
@@ -340,9 +317,12 @@ class VanillaEncoderForPreTraining(VanillaEncoderPreTrainedModel):
         self.seq_relationship = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, next_sentence_label=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> VanillaForPreTrainingOutput | tuple:
         """labels: (B, T) masked-LM targets (-100 elsewhere); next_sentence_label: (B,). The loss is their sum,
         when both are given. Returns prediction_logits (B, T, V) and seq_relationship_logits (B, 2)."""
         check_labels(labels, self.config.vocab_size, "vocab_size")
@@ -369,9 +349,12 @@ class VanillaEncoderForNextSentencePrediction(VanillaEncoderPreTrainedModel):
         self.seq_relationship = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> NextSentencePredictorOutput | tuple:
         """labels: (B,), 0 where B follows A, 1 where B is random. Returns logits (B, 2)."""
         check_labels(labels, 2, "the two next-sentence classes")
         out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
@@ -393,9 +376,12 @@ class VanillaEncoderForSequenceClassification(VanillaEncoderPreTrainedModel):
         self.dropout, self.classifier = classifier_layers(config, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> SequenceClassifierOutput | tuple:
         """labels: (B,) class ids, (B,) floats for regression or (B, num_labels) for multi-label. Returns logits
         (B, num_labels)."""
         check_sequence_labels(self.config, labels)
@@ -417,9 +403,12 @@ class VanillaEncoderForMultipleChoice(VanillaEncoderPreTrainedModel):
         self.dropout, self.classifier = classifier_layers(config, 1)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> MultipleChoiceModelOutput | tuple:
         """input_ids, attention_mask, token_type_ids: (B, C, T); labels: (B,) the index of the right choice.
         Returns logits (B, C)."""
         B, C = check_choices(input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -445,9 +434,11 @@ class VanillaEncoderForTokenClassification(VanillaEncoderPreTrainedModel):
         self.dropout, self.classifier = classifier_layers(config, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, **kwargs: Unpack[TransformersKwargs]) -> TokenClassifierOutput | tuple:
         """labels: (B, T) with -100 where no label applies. Returns logits (B, T, num_labels)."""
         check_labels(labels, self.num_labels, "num_labels")
         out = self._body(kwargs, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
@@ -465,9 +456,12 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
         self.qa_outputs = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> QuestionAnsweringModelOutput | tuple:
         """start_positions, end_positions: (B,) token indices of the answer span (outside the input: ignored).
         Returns start_logits and end_logits, (B, T) each.
 
@@ -483,20 +477,6 @@ class VanillaEncoderForQuestionAnswering(VanillaEncoderPreTrainedModel):
                             end_logits=end_logits)
 
 
-class VanillaReplacedTokenHead(nn.Module):
-    """One logit per token, "was this token replaced?": dense + activation + a dense to one output, (..., E) -> (...).
-    Its own module, so that its weights (`rtd_head.*`) never pass for a classification head's `classifier`."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.dense = VanillaLinear(config.hidden_size, config.hidden_size)
-        self.act = ACT2FN[config.hidden_act]
-        self.prediction = VanillaLinear(config.hidden_size, 1)
-
-    def forward(self, hidden_states):
-        return self.prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (..., 1) -> (...)
-
-
 class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
     """ELECTRA's discriminator (Clark et al., 2020, https://arxiv.org/abs/2003.10555, section 2): for every token,
     was it replaced by a small generator?
@@ -510,9 +490,11 @@ class VanillaEncoderForReplacedTokenDetection(VanillaEncoderPreTrainedModel):
         self.rtd_head = VanillaReplacedTokenHead(config)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, **kwargs: Unpack[TransformersKwargs]) -> TokenClassifierOutput | tuple:
         """labels: (B, T), 1 where the token was replaced and 0 where it is the original. Returns logits (B, T):
         one score per token (a `TokenClassifierOutput` with a single, squeezed label)."""
         inputs = input_ids if input_ids is not None else inputs_embeds
@@ -554,11 +536,15 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.embeddings.word_embeddings = value
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
-                decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, cache=None, position_ids=None, decoder_position_ids=None, outputs_at_padding=False,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+                encoder_outputs: BaseModelOutput | tuple | None = None, past_key_values: Cache | None = None,
+                token_type_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                decoder_inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, cache: Cache | None = None, position_ids: torch.Tensor | None = None,
+                decoder_position_ids: torch.Tensor | None = None, outputs_at_padding: bool = False,
+                **kwargs: Unpack[TransformersKwargs]) -> Seq2SeqModelOutput | tuple:
         """`token_type_ids` reach the encoder only (`generate` passes them to every step). `encoder_outputs` may be
         a tuple (last_hidden_state, hidden_states, attentions). Returns the decoder's last_hidden_state (B, T, E),
         the encoder's (B, S, E), and both stacks' cache, hidden states and attention weights when asked.
@@ -569,11 +555,7 @@ class VanillaSeq2SeqModel(VanillaPreTrainedModel):
         inside). Packed pairs (transformers' padding-free format, without masks): sources end to end with
         `position_ids` restarting at 0 at each, targets likewise with `decoder_position_ids`; target i reads source
         i. (`cu_seq_lens_*` cannot say which boundaries are whose here, and are refused.)"""
-        if packed_format(kwargs):
-            raise ValueError(
-                f"{', '.join(packed_format(kwargs))} cannot tell source boundaries from target ones: pass packed "
-                "pairs as position_ids (sources) and decoder_position_ids (targets), each restarting at 0."
-            )
+        refuse_unpaired_boundaries(kwargs)
         past_key_values = one_cache(cache, past_key_values)  # `cache` since transformers 5.24
         if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
             decoder_input_ids = shift_tokens_right(input_ids, self.config.pad_token_id,
@@ -645,11 +627,15 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
             )
         return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, past_key_values=None, token_type_ids=None, inputs_embeds=None,
-                decoder_inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, cache=None, position_ids=None, decoder_position_ids=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+                encoder_outputs: BaseModelOutput | tuple | None = None, past_key_values: Cache | None = None,
+                token_type_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                decoder_inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None, cache: Cache | None = None,
+                position_ids: torch.Tensor | None = None, decoder_position_ids: torch.Tensor | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> Seq2SeqLMOutput | tuple:
         """labels: (B, T) target ids, -100 where ignored; the decoder input is `labels` shifted right (each packed
         target's from its start, with `decoder_position_ids`: `VanillaSeq2SeqModel` says how pairs pack).
         Returns logits (B, T, V) and, with `use_cache`, the key/value cache for the next step (`cache`, or
@@ -682,9 +668,12 @@ class VanillaSeq2SeqForSequenceClassification(VanillaSeq2SeqPreTrainedModel):
         self.classifier = VanillaLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, token_type_ids=None, labels=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+                encoder_outputs: BaseModelOutput | tuple | None = None, token_type_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> Seq2SeqSequenceClassifierOutput | tuple:
         """input_ids: (B, S), each row with the same number of `eos_token_id`s. Returns logits (B, num_labels)."""
         check_eos_tokens(input_ids, self.config.eos_token_id, decoder_input_ids)
         check_sequence_labels(self.config, labels)
@@ -709,10 +698,14 @@ class VanillaSeq2SeqForQuestionAnswering(VanillaSeq2SeqPreTrainedModel):
         self.qa_outputs = VanillaLinear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, token_type_ids=None, start_positions=None, end_positions=None, inputs_embeds=None,
-                decoder_inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+                encoder_outputs: BaseModelOutput | tuple | None = None, token_type_ids: torch.Tensor | None = None,
+                start_positions: torch.Tensor | None = None, end_positions: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, decoder_inputs_embeds: torch.Tensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> Seq2SeqQuestionAnsweringModelOutput | tuple:
         """start_positions, end_positions: (B,), the answer span's token indices. Returns (B, T) start/end logits."""
         check_span_positions(start_positions, end_positions, input_ids if input_ids is not None else inputs_embeds)
         refuse_packed_pairs(kwargs, type(self).__name__)
@@ -754,9 +747,12 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
         self.decoder = VanillaStack(self.config, is_decoder=True)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
-                past_key_values=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, outputs_at_padding=False, **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                cache: Cache | None = None, past_key_values: Cache | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, outputs_at_padding: bool = False,
+                **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         """input_ids, attention_mask: (B, T). Returns last_hidden_state (B, T, E) and, when asked, the cache
         (`cache`, or `past_key_values` before transformers 5.24) and every layer's hidden states and attention
         weights. `outputs_at_padding`: as in `VanillaSeq2SeqModel`. position_ids: (B, T) counted from 0 (the
@@ -785,9 +781,12 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
-                past_key_values=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs: Unpack[TransformersKwargs]):
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                cache: Cache | None = None, past_key_values: Cache | None = None, labels: torch.Tensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> CausalLMOutputWithCrossAttentions | tuple:
         """labels: (B, T), usually input_ids: position t is scored on predicting token t + 1 (the shift is here).
         position_ids: (B, T) counted from 0, as in `VanillaDecoderModel`. Returns logits (B, T, V) and, with
         `use_cache`, the key/value cache for the next step (`cache`, or `past_key_values` before transformers 5.24)."""

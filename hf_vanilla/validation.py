@@ -339,8 +339,17 @@ def refuse_packed_pairs(kwargs: dict, reader: str) -> None:
         )
 
 
-__all__ = ["refuse_packed_pairs", 
+def refuse_unpaired_boundaries(kwargs: dict) -> None:
+    """Refuse `cu_seq_lens_*` and `seq_idx` for the encoder-decoder: they cannot say which boundaries are the
+    sources' and which the targets'. Packed pairs come as `position_ids` and `decoder_position_ids`."""
+    given = [name for name in FORMAT_KEYWORDS if kwargs.get(name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} cannot tell source boundaries from target ones: pass packed pairs as "
+                         "position_ids (sources) and decoder_position_ids (targets), each restarting at 0.")
+
+
+__all__ = [
     "IGNORE_INDEX", "check_choices", "check_eos_tokens", "check_inputs", "check_labels", "check_sequence_labels",
-    "check_span_positions", "check_target", "check_token_labels", "positions_counted_from_zero",
-    "self_attention_cache",
+    "check_span_positions", "check_target", "check_token_labels", "positions_counted_from_zero", "refuse_packed_pairs",
+    "refuse_unpaired_boundaries", "self_attention_cache",
 ]
