@@ -21,7 +21,7 @@ the encoder of such a checkpoint converts with `--head base`.
 from ...configuration_vanilla import VanillaEncoderConfig
 from .bert import ENCODER_TABLE as BERT_ENCODER_TABLE
 from .bert import SHARED_FIELDS
-from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head, require_gelu_lm_head
+from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, EncoderHead, masked_lm_head
 
 # BERT's module names, without the pooler, plus the projection from embedding_size up to hidden_size.
 ENCODER_TABLE = tuple(row for row in BERT_ENCODER_TABLE if row[1] != "pooler") + (
@@ -42,7 +42,6 @@ HEADS = {
 
 
 def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
-    require_gelu_lm_head(source["hidden_act"], head, "ELECTRA's generator head")
     fields = {k: source[k] for k in SHARED_FIELDS if k in source}
     return VanillaEncoderConfig(**fields, embedding_size=source["embedding_size"], use_pooler=False)
 
@@ -57,8 +56,6 @@ def fixed_values(config: VanillaEncoderConfig) -> dict:
 def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
     from transformers import ElectraConfig
 
-    require_gelu_lm_head(config.hidden_act, head, "ELECTRA's generator head",
-                         way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
     return ElectraConfig(**fields, embedding_size=config.embedding_size)
 
@@ -76,4 +73,5 @@ FORMAT = EncoderFormat(
     vanilla_config=vanilla_config,
     source_config=source_config,
     fixed_values=fixed_values,
+    gelu_lm_head="ELECTRA's generator head",
 )

@@ -148,6 +148,9 @@ class EncoderFormat:
             causal) is refused.
         limitations: appended to the converted model card's parity section.
         layers_field: the source config's field for the number of layers (DistilBERT's "n_layers").
+        gelu_lm_head: how messages name the format's MLM head where it applies GELU whatever `hidden_act` says
+            (RoBERTa's, ELECTRA's generator's); ours applies `hidden_act`, so that head converts, both ways, only
+            with hidden_act="gelu". Empty where the source's head applies `hidden_act` too.
     """
 
     name: str
@@ -164,6 +167,7 @@ class EncoderFormat:
     decoder_hint: str = "only encoders convert."
     limitations: str = ""
     layers_field: str = "num_hidden_layers"
+    gelu_lm_head: str = ""
 
     def __post_init__(self):
         """`heads` must be the heads hf_vanilla/heads.py declares for this format (what the command line offers): a
@@ -253,6 +257,15 @@ class EncoderFormat:
                 dropped.setdefault(module + ".", f"a head other than the requested --head {head}")
         return dropped
 
+    def require_gelu(self, hidden_act: str | None, head: str, way_out: str) -> None:
+        """Refuse the MLM head of a format whose head applies GELU (`gelu_lm_head`) under any other `hidden_act`,
+        naming `way_out`, what converts instead."""
+        if self.gelu_lm_head and head == "masked-lm" and hidden_act != "gelu":
+            raise ConversionError(
+                f"{self.gelu_lm_head} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
+                f"({hidden_act!r}): {way_out}."
+            )
+
     # ---- source -> vanilla ----
 
     def encoder_config(self, source_config: dict, head: str) -> VanillaEncoderConfig:
@@ -261,6 +274,7 @@ class EncoderFormat:
 
         causal = any(spec.causal for spec in self.heads.values())  # the format carries `is_decoder` over
         require_encoder(source_config, self.title, self.decoder_hint, causal=causal)
+        self.require_gelu(source_config.get("hidden_act"), head, "convert with --head base")  # DistilBERT's is absent
         try:
             config = self.vanilla_config(source_config, head)
             config.check_architecture()
@@ -363,6 +377,7 @@ class EncoderFormat:
     def target(self, config: VanillaEncoderConfig, head: str, model_type: str | None = None):
         """The transformers class of `head` and its config; refuses what `source_config` cannot express."""
         source_class = self.source_class(model_type or self.model_types[0], head)
+        self.require_gelu(config.hidden_act, head, "only hidden_act='gelu' converts back with this head")
         target_config = self.source_config(config, head, model_type or self.model_types[0])
         target_config.architectures = [source_class.__name__]
         return source_class, target_config
@@ -387,14 +402,3 @@ class EncoderFormat:
     @staticmethod
     def compare_written(vanilla, written, head: str) -> tuple[bool, str]:
         return compare(vanilla, written)
-
-
-def require_gelu_lm_head(hidden_act: str, head: str, lm_head_name: str,
-                         way_out: str = "convert with --head base") -> None:
-    """RoBERTa's and ELECTRA's MLM heads apply GELU whatever `hidden_act` says; ours applies `hidden_act`. Checked
-    both ways: `way_out` says what converts instead."""
-    if head == "masked-lm" and hidden_act != "gelu":
-        raise ConversionError(
-            f"{lm_head_name} applies GELU whatever hidden_act says, and the vanilla head applies hidden_act "
-            f"({hidden_act!r}): {way_out}."
-        )

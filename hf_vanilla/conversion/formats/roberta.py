@@ -22,7 +22,7 @@ refused; the encoder of such a checkpoint converts with `--head base`.
 
 from ...configuration_vanilla import VanillaEncoderConfig
 from .bert import ENCODER_TABLE, SHARED_FIELDS
-from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head, require_gelu_lm_head
+from .encoder import BASE_HEAD, TASK_HEADS, EncoderFormat, masked_lm_head
 
 HEADS = {
     "base": BASE_HEAD,
@@ -42,7 +42,6 @@ LIMITATIONS = (
 
 
 def vanilla_config(source: dict, head: str) -> VanillaEncoderConfig:
-    require_gelu_lm_head(source["hidden_act"], head, "RoBERTa's MLM head")
     fields = {k: source[k] for k in SHARED_FIELDS if k in source}
     # fairseq numbers positions after the padding index: the first token sits at row pad_token_id + 1.
     return VanillaEncoderConfig(**fields, position_offset=source["pad_token_id"] + 1)
@@ -58,8 +57,6 @@ def fixed_values(config: VanillaEncoderConfig) -> dict:
 def source_config(config: VanillaEncoderConfig, head: str, model_type: str):
     from transformers import AutoConfig
 
-    require_gelu_lm_head(config.hidden_act, head, "RoBERTa's MLM head",
-                         way_out="only hidden_act='gelu' converts back with this head")
     fields = {k: getattr(config, k) for k in SHARED_FIELDS if hasattr(config, k)}
     return AutoConfig.for_model(model_type, **fields)
 
@@ -77,5 +74,6 @@ FORMAT = EncoderFormat(
     vanilla_config=vanilla_config,
     source_config=source_config,
     fixed_values=fixed_values,
+    gelu_lm_head="RoBERTa's MLM head",
     limitations=LIMITATIONS,
 )
