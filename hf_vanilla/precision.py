@@ -10,14 +10,15 @@
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
 A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every bf16 block to float32 and
 multiplies in float32, which is the float32 product plus the conversions (AMD Zen 3, AVX2 only: about half float32's
-speed). Having the instruction is not enough either: on a user's Intel Xeon with AVX-512 BF16 but no AMX,
-bf16 ran at 0.67-0.92x float32, while on AMD Zen 4, with the same AVX-512 BF16 and no AMX, it ran at 1.8-2.1x, and
-with AMX (Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance_history.md; the Intel figures are users' reports). So the rule is the hardware: AMX, or
-AVX-512 BF16 on an AMD CPU (Zen 4 and Zen 5, whose 512-bit bf16 dot products run at full width), read from the CPU
-(torch's cpuinfo checks, /proc/cpuinfo as a fallback). An Intel CPU with AVX-512 BF16 but no AMX (Cooper Lake, that
-user's Xeon) stays on float32. An earlier version timed one feed-forward block in both precisions in the process; on
-an AMX Xeon that timing answered True when the machine was quiet and False under load, where bf16 was in fact
-2.7-13.5x faster: a decision that gates the fastest path must not depend on what else the machine is doing.
+speed). Having the instruction is not enough either: on a user's Intel Xeon with AVX-512 BF16 but no AMX, bf16 ran
+at 0.67-0.92x float32, while on AMD Zen 4, with the same AVX-512 BF16 and no AMX, it ran at 1.8-2.1x, and with AMX
+(Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance_history.md; the Intel figures are users' reports).
+So the rule is the hardware: AMX, or AVX-512 BF16 on an AMD CPU (Zen 4 and Zen 5, whose 512-bit bf16 dot products
+run at full width), read from the CPU (torch's cpuinfo checks, /proc/cpuinfo as a fallback). An Intel CPU with
+AVX-512 BF16 but no AMX (Cooper Lake, that user's Xeon) stays on float32. An earlier version timed one feed-forward
+block in both precisions in the process; on an AMX Xeon that timing answered True when the machine was quiet and
+False under load, where bf16 was in fact 2.7-13.5x faster: a decision that gates the fastest path must not depend on
+what else the machine is doing.
 
 torch's own `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not this test: it is true on any AVX-512 CPU, where
 oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
@@ -133,7 +134,9 @@ def cpu_capabilities(flags=None, vendor=None) -> dict:
                     "fbgemm_int8_bits": 8 if weight_levels(flags) == 127 else 7,
                     "mlas_int8_bits": 8 if flags & INT8_PRODUCTS else 7}
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")  # every layer's W^Q, W^K, W^V, W^O, W1, W2
+
+# Every layer's W^Q, W^K, W^V, W^O, W1, W2.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
 
 
 # Int8Linear -> (a weak reference to the float32 copy of its weight it last returned, that copy's version counter).

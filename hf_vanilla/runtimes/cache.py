@@ -10,8 +10,8 @@ again. Writes are atomic (`.export-<host>-<pid>-<8 hex>.onnx`, then a rename); s
 are removed. The cache removes nothing else: only regular files named as it names them (`GRAPH_NAME`,
 `STAGING_NAME`), never a folder, a link or another file, since the folder it points at may be the user's (a
 directory in a graph's place is left, and the graph is then kept in memory, with the warning below). A cache that
-cannot be written is used read-only, with a one-line warning: the graph is then exported in memory by every process that needs it. Exporting takes 10-30 s per architecture (once);
-attaching a cached graph, a few hundred milliseconds.
+cannot be written is used read-only, with a one-line warning: the graph is then exported in memory by every process
+that needs it. Exporting takes 10-30 s per architecture (once); attaching a cached graph, a few hundred milliseconds.
 """
 
 import hashlib

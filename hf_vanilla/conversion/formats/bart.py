@@ -133,7 +133,8 @@ def bart_embeddings(tensors: dict, config: VanillaSeq2SeqConfig, head: str, bart
 
         mapped = {"model.decoder.embed_tokens.weight": tensors.pop("model.decoder.embeddings.word_embeddings.weight")}
         if tensors.pop("lm_head.decoder.bias").any():
-            raise ConversionError("The output projection has a bias, which BartForCausalLM does not: it cannot hold it.")
+            raise ConversionError("The output projection has a bias, which BartForCausalLM does not: it cannot hold "
+                                  "it.")
         with torch.device("meta"):
             shapes = {k: v.shape for k, v in getattr(transformers, head)(bart_config).state_dict().items()}
         for key in (k for k in shapes if "encoder_attn" in k):

@@ -10,7 +10,8 @@ replace? Its checkpoints differ from BERT's in three ways:
   `VanillaEmbeddings.projection`. As in transformers, `hidden_states[0]` is the projected tensor;
 - no pooler;
 - the discriminator head (`ElectraForPreTraining`: dense h->h, hidden_act, dense_prediction h->1) is
-  `VanillaEncoderForReplacedTokenDetection`, loaded with its class (`AutoModelForPreTraining` is BERT's pre-training model).
+  `VanillaEncoderForReplacedTokenDetection`, loaded with its class (`AutoModelForPreTraining` is BERT's pre-training
+  model).
 Generators (`ElectraForMaskedLM`) convert to `VanillaEncoderForMaskedLM`: dense h->embedding_size, GELU, LayerNorm,
 and the tied decoder, which is our `VanillaLMHead`.
 

@@ -7,8 +7,8 @@ The policy (docs/errors_and_safety.md tells it to users):
 - An existing output is refused without `--force`. With it, only an earlier output of this converter is replaced: a
   folder holding its `conversion_manifest.json` and nothing but the files listed there, unchanged (size and
   modification time), each named by a plain relative path inside the folder (a manifest is data: one naming
-  `/home/me/thesis.txt` or `../../thesis.txt` makes the folder not ours). Anything else, a user's folder, a file, a link, a converted folder someone added to or
-  re-saved into, is refused with the reason.
+  `/home/me/thesis.txt` or `../../thesis.txt` makes the folder not ours). Anything else, a user's folder, a file, a
+  link, a converted folder someone added to or re-saved into, is refused with the reason.
 - The output is written into `.OUT.partial-XXXX/new` beside it and moved into place by a rename that cannot replace
   anything (`renameat2(RENAME_NOREPLACE)` on Linux): an output that appears meanwhile, another conversion's or a
   user's, makes this conversion fail instead. Of two conversions to one output, exactly one succeeds. A lock file
