@@ -62,14 +62,11 @@ def vanilla_config(bart: dict, head: str) -> VanillaSeq2SeqConfig:
     if bart.get("normalize_before") or bart.get("add_final_layer_norm"):
         raise ConversionError("Pre-LN BART variants (mBART) need a final LayerNorm per stack; only BART converts.")
     return fairseq_config(
-        bart, "BART",
+        bart, "BART", {"pad_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2},
         max_position_embeddings=bart.get("max_position_embeddings", 1024) + POSITION_OFFSET,
         position_offset=POSITION_OFFSET,
         position_embedding_type="learned",
         embedding_layer_norm=True,
-        pad_token_id=bart.get("pad_token_id", 1),
-        eos_token_id=bart.get("eos_token_id", 2),
-        decoder_start_token_id=bart.get("decoder_start_token_id", 2),
         architectures=[HEADS[head].model_class.__name__],
     )
 

@@ -69,9 +69,10 @@ def fairseq_required(config: VanillaSeq2SeqConfig, title: str) -> dict:
     }
 
 
-def fairseq_config(source: dict, title: str, **choices) -> VanillaSeq2SeqConfig:
-    """A BART-family config dict (MarianConfig, BartConfig: fairseq's field names) -> ours; `choices` are the
-    format's own (positions, embedding LayerNorm, defaults)."""
+def fairseq_config(source: dict, title: str, default_ids: dict[str, int], **choices) -> VanillaSeq2SeqConfig:
+    """A BART-family config dict (MarianConfig, BartConfig: fairseq's field names) -> ours. `default_ids`: the
+    format's special token ids (pad, eos, decoder start), each read from `source` where it has it; `choices` are
+    the format's own (positions, embedding LayerNorm)."""
     shared = source.get("share_encoder_decoder_embeddings", True)
     vocab_size = source.get("vocab_size", 58101)
     decoder_vocab_size = source.get("decoder_vocab_size") or vocab_size
@@ -105,7 +106,7 @@ def fairseq_config(source: dict, title: str, **choices) -> VanillaSeq2SeqConfig:
         share_encoder_decoder_embeddings=shared and source.get("tie_word_embeddings", True),
         tie_word_embeddings=source.get("tie_word_embeddings", True),
         bos_token_id=source.get("bos_token_id"),
-    )
+    ) | {name: source.get(name, default) for name, default in default_ids.items()}
     if source.get("id2label"):  # the classification head's labels
         fields |= {"id2label": {int(k): v for k, v in source["id2label"].items()}, "label2id": source.get("label2id")}
     try:

@@ -32,14 +32,11 @@ def marian_config(marian: dict) -> VanillaSeq2SeqConfig:
     """MarianConfig dict -> ours. Marian is the paper's model with three of its own choices: swish, sinusoids
     stored sines-then-cosines ("concatenated"), and a final logits bias (our output projection's bias)."""
     return fairseq_config(
-        marian, "Marian",
+        marian, "Marian", {"pad_token_id": 58100, "eos_token_id": 0, "decoder_start_token_id": 58100},
         max_position_embeddings=marian.get("max_position_embeddings", 1024),
         position_embedding_type="sinusoidal",
         sinusoidal_layout="concatenated",
         embedding_layer_norm=False,
-        pad_token_id=marian.get("pad_token_id", 58100),
-        eos_token_id=marian.get("eos_token_id", 0),
-        decoder_start_token_id=marian.get("decoder_start_token_id", 58100),
         architectures=["VanillaSeq2SeqForConditionalGeneration"],
     )
 
