@@ -8,9 +8,9 @@
         model = quantize_int8(model)   # int8 projections, on any x86 CPU (inference only)
 
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
-A CPU without AMX or AVX-512 BF16 has no bf16 dot product: oneDNN converts every bf16 block to float32 and
-multiplies in float32, which is the float32 product plus the conversions (AMD Zen 3, AVX2 only: about half float32's
-speed). Having the instruction is not enough either: on a user's Intel Xeon with AVX-512 BF16 but no AMX, bf16 ran
+A CPU without AMX or AVX-512 BF16 has no bf16 dot product: an AVX2-only CPU has no oneDNN bf16 kernel at all, and
+torch multiplies bf16 in its reference kernel, several times slower than float32 (docs/performance.md, AMD Zen 3).
+Having the instruction is not enough either: on a user's Intel Xeon with AVX-512 BF16 but no AMX, bf16 ran
 at 0.67-0.92x float32, while on AMD Zen 4, with the same AVX-512 BF16 and no AMX, it ran at 1.8-2.1x, and with AMX
 (Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance_history.md; the Intel figures are users' reports).
 So the rule is the hardware: AMX, or AVX-512 BF16 on an AMD CPU (Zen 4 and Zen 5, whose 512-bit bf16 dot products
