@@ -130,6 +130,17 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
         assert_close(reloaded(**inputs).logits, plain(**inputs).logits)
 
 
+def test_the_weights_are_taken_not_copied(held, graphs):
+    """The engine's copy of the body holds the body's own memory (a memory-mapped checkpoint is not materialised a
+    second time), and the body keeps no weight of its own; given back, they are the same memory again."""
+    model = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval()
+    before = {name: tensor.data_ptr() for name, tensor in model.model.state_dict().items()}
+    hold(model, held, graphs)
+    assert [tensor.numel() for tensor in model.model.parameters()] == [0]  # the marker, empty
+    assert {name: tensor.data_ptr() for name, tensor in model.model.state_dict().items()} == before
+    remove(held)[0](model)
+    assert {name: tensor.data_ptr() for name, tensor in model.model.state_dict().items()} == before
+
 def test_a_second_model_finds_its_graph(held, tmp_path, engine_only, monkeypatch):
     """The graph is kept per architecture, not per model: holding a second model of the same shape exports nothing,
     and the kept graph computes with the second model's own weights."""

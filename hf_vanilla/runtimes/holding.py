@@ -240,6 +240,17 @@ def held_repr(engine, path: str = "") -> str:
     return f"weights held by runtime={engine.RUNTIME!r}: {engine.REMOVE} gives them back"
 
 
+def sharing_copy(unit):
+    """A deep copy of the body `unit` (its config object shared) whose parameters and buffers are new tensors over
+    the body's memory, not copies of it: a checkpoint loaded memory-mapped stays so, never materialised a second
+    time. New Parameters, not requiring grad: what the copy's moves and flags change is its own."""
+    memo = {id(unit.config): unit.config}
+    for tensor in [*unit.parameters(), *unit.buffers()]:
+        shared = tensor.detach()
+        memo[id(tensor)] = torch.nn.Parameter(shared, False) if isinstance(tensor, torch.nn.Parameter) else shared
+    return copy.deepcopy(unit, memo)
+
+
 def tensors_of(shadow, dtype: torch.dtype | None = None) -> dict:
     """The shadow's tensors by the names the graph reads them, as float32 numpy arrays; rounded to `dtype` first
     where given (what a move to it would hold)."""

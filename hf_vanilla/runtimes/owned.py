@@ -67,7 +67,7 @@ from .attached import Engine, engine_of, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients,
-                      tensors_of)
+                      sharing_copy, tensors_of)
 from .watch import Watch, class_code, difference, hooked, structure_of
 
 
@@ -134,9 +134,9 @@ class OwnedEncoder(HeldWeights, Engine):
                 raise ValueError(f"{name} is {first[id(tensor)]} (one tensor under two names): the graph an engine "
                                  f"runs reads each weight of the encoder once, so {self.RUNTIME!r} cannot hold it; "
                                  f"untie them (a copy of the tensor each), or run the model in PyTorch.")
-        # Its own tensors, the body's own forward (the engine is not in front yet), and the body's config object: what
-        # a user sets on model.config reaches both (a field the graph baked in is a change the watch sees).
-        shadow = copy.deepcopy(unit, {id(unit.config): unit.config})
+        # Its own tensors over the body's memory (`sharing_copy`), the body's own forward (the engine is not in front
+        # yet), and the body's config object: what a user sets on model.config reaches both (the watch sees it).
+        shadow = sharing_copy(unit)
         for module in shadow.modules():  # `hold`'s counting methods answer for the user's model, not for this copy:
             for name in HOLD_METHODS:  # copied into it, they would make its graph's cache key new at every attach
                 vars(module).pop(name, None)
