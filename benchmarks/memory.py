@@ -1,0 +1,89 @@
+"""Resident memory of a loaded model per runtime: after load, the load's peak and after N calls, in MiB over a
+baseline and as a ratio to the checkpoint's size, each runtime measured in a fresh process.
+
+    python benchmarks/memory.py                      # all-MiniLM-L6-v2, converted into a temporary folder
+    python benchmarks/memory.py --model PATH --calls 5
+
+Graphs are traced into a cache first, as a server finds them. The baseline is taken after importing torch, transformers and both engines and loading OpenVINO's CPU plugin:
+their libraries are not the model's memory. What counts is VmRSS (the peak: VmHWM, reset at the baseline), so a checkpoint left memory-mapped counts as far as
+its pages were read (they are the page cache's, shared between processes and reclaimable); `anon` is the part no
+file backs. "auto" measures every engine before it chooses, so its load is the slowest.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.embed_corpus_engines import converted_minilm  # noqa: E402
+
+RUNTIMES = {"eager": None, "onnxruntime": {}, "onnxruntime owned": {"owned": True}, "openvino": {}, "auto": {}}
+
+# Run in the child: prints one JSON line of the figures, in MiB.
+PROBE = """
+import gc, json, sys
+def status():
+    with open("/proc/self/status") as f:
+        return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in f
+                if line.startswith(("VmRSS", "VmHWM", "RssAnon"))}
+path, runtime, options, calls, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+import torch, transformers, onnxruntime, openvino
+from hf_vanilla.modeling_vanilla import VanillaEncoderModel
+openvino.Core().get_property("CPU", "FULL_DEVICE_NAME")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) from here on
+base = status()
+kw = {} if options is None else dict(runtime=runtime.split()[0], runtime_options=dict(cache_dir=cache, **options))
+model = VanillaEncoderModel.from_pretrained(path, **kw).eval()
+gc.collect()
+load = status()
+ids = torch.randint(1000, 2000, (8, 128))
+with torch.no_grad():
+    for _ in range(calls):
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+after = status()
+print(json.dumps({"load": load["VmRSS"] - base["VmRSS"], "anon": load["RssAnon"] - base["RssAnon"],
+                  "peak": load["VmHWM"] - base["VmRSS"], "calls": after["VmRSS"] - base["VmRSS"]}))
+"""
+
+
+def measured(model: Path, runtime: str, calls: int, cache: str) -> dict:
+    """The figures of `runtime` loading `model`, in a fresh Python process."""
+    options = json.dumps(RUNTIMES[runtime])
+    out = subprocess.run([sys.executable, "-c", PROBE, str(model), runtime, options, str(calls), cache],
+                         check=True, capture_output=True, text=True, cwd=REPO).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="a converted checkpoint (default: all-MiniLM-L6-v2, converted)")
+    parser.add_argument("--calls", type=int, default=5, help="calls of 8 x 128 tokens after the load")
+    parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES))
+    args = parser.parse_args()
+    from hf_vanilla.precision import cpu_name
+
+    with tempfile.TemporaryDirectory(prefix="hf_vanilla-memory-") as folder:
+        model = args.model or converted_minilm(Path(folder) / "minilm")
+        size = sum(file.stat().st_size for file in model.glob("*.safetensors")) / 2**20
+        print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores; {model.name}: checkpoint {size:.0f} MiB; "
+              f"MiB over the baseline (ratio to the checkpoint); {args.calls} calls of 8 x 128")
+        print(f"{'runtime':<20}{'after load':>16}{'anon':>8}{'load peak':>16}{'after calls':>16}")
+        cache = str(Path(folder) / "graphs")  # one cache for every runtime: its graphs are traced once
+        for runtime in args.runtimes:
+            if runtime not in ("eager", "auto"):  # its graph traced and cached first: a load as a server's
+                measured(model, runtime, 0, cache)
+            figures = measured(model, runtime, args.calls, cache)
+            print(f"{runtime:<20}" + "".join(f"{figures[key]:>8.0f} ({figures[key] / size:.2f})".rjust(16)
+                                             if key != "anon" else f"{figures[key]:>8.0f}"
+                                             for key in ("load", "anon", "peak", "calls")))
+
+
+if __name__ == "__main__":
+    main()
