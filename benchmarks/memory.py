@@ -4,10 +4,11 @@ baseline and as a ratio to the checkpoint's size, each runtime measured in a fre
     python benchmarks/memory.py                      # all-MiniLM-L6-v2, converted into a temporary folder
     python benchmarks/memory.py --model PATH --calls 5
 
-Graphs are traced into a cache first, as a server finds them. The baseline is taken after importing torch, transformers and both engines and loading OpenVINO's CPU plugin:
-their libraries are not the model's memory. What counts is VmRSS (the peak: VmHWM, reset at the baseline), so a checkpoint left memory-mapped counts as far as
-its pages were read (they are the page cache's, shared between processes and reclaimable); `anon` is the part no
-file backs. "auto" measures every engine before it chooses, so its load is the slowest.
+Graphs are traced into a cache first, as a server finds them. The baseline is taken after importing torch,
+transformers and both engines and loading OpenVINO's CPU plugin: their libraries are not the model's memory. What
+counts is VmRSS (the peak: VmHWM, reset at the baseline), so a checkpoint left memory-mapped counts as far as its
+pages were read (they are the page cache's, shared between processes and reclaimable); `anon` is the part no file
+backs. "auto" measures every engine before it chooses, so its load is the slowest.
 """
 
 import argparse
