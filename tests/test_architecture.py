@@ -105,3 +105,19 @@ def test_auto_reaches_the_engines_through_the_registry_it_is_handed():
     imported = imported_names(PACKAGE / "runtimes" / "auto.py")
     barred = ("hf_vanilla.runtimes.onnxruntime.", "hf_vanilla.runtimes.openvino.", "hf_vanilla.runtime_registry.")
     assert not sorted(name for name in imported if (name + ".").startswith(barred))
+
+
+def test_modules_and_functions_stay_readable():
+    """A module is read whole: the catalogue (modeling_vanilla.py) at most 800 lines, every other module at most
+    500; a function is read at once: at most 60 lines."""
+    long_modules, long_functions = [], []
+    for path in PACKAGE.rglob("*.py"):
+        source = path.read_text()
+        limit = 800 if path.name == "modeling_vanilla.py" else 500
+        if len(source.splitlines()) > limit:
+            long_modules.append(f"{module_name(path)}: {len(source.splitlines())} lines (at most {limit})")
+        long_functions += [f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                           for node in ast.walk(ast.parse(source))
+                           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and node.end_lineno - node.lineno + 1 > 60]
+    assert not long_modules and not long_functions, long_modules + long_functions
