@@ -15,11 +15,11 @@ CPUs it was measured on. So the choice is measured where the model runs.
 What is measured. The installed paths (`PATHS`; one whose packages are missing, or that refuses this model, is not
 a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model's weights, ONNX Runtime holding them,
 OpenVINO holding them, and with `precision="fastest"` their int8 forms and OpenVINO's bf16 where the CPU multiplies
-bf16 natively (`hf_vanilla.precision.bf16_is_fast`). Each is attached to its own copy of the model and timed on the
-model's encoder at two requests: one short dense row (`SHORT`) and a right-padded batch (`PADDED`), as the engine
-will run them (the engine's own path; PyTorch's separately), each as such requests come, in balanced orders
-(`measure.balanced_orders`: a Williams design, each path right after each other one equally often), for `ROUNDS`
-rounds at least and until `BUDGET_S` seconds have passed:
+bf16 natively (`hf_vanilla.precision.bf16_is_fast`). Each is attached to its own copy of the model (over the model's
+tensors: the weights are not copied) and timed on the model's encoder at two requests: one short dense row
+(`SHORT`) and a right-padded batch (`PADDED`), as the engine will run them (the engine's own path; PyTorch's
+separately), each as such requests come, in balanced orders (`measure.balanced_orders`: a Williams design, each
+path right after each other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed:
 - the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
   `QUERIES` times a round. The idle decides which engine answers a query first: MiniLM on a 2-core Zen 4, ONNX
   Runtime holding the weights answered 15% sooner than OpenVINO after 20 ms of idle, and after none (calls back to
@@ -69,8 +69,8 @@ What it takes. A float32 model on the CPU: a model loaded in bf16 is refused, na
 of which `precision="fastest"` measures the bf16 forms where they are faster and accurate enough, or `runtime=None`
 to run it in bf16 on PyTorch); an engine would answer it in float32, which its head cannot take.
 
-What it costs. The measurement holds a copy of the model per engine path (the engines holding weights take their
-copy's), freed after: where memory is tight, name the engine. `precision="fastest"` also runs the sample (the
+What it costs. The measurement holds every engine path's own form of the weights at once (docs/performance.md,
+Memory), freed after: where memory is tight, name the engine. `precision="fastest"` also runs the sample (the
 built-in one: some 3,200 tokens) once through float32 PyTorch and once through each reduced path, and hashes the
 weights at every load. The chosen engine's rules are the model's (a held engine refuses training and edits it
 cannot follow: docs/deploy.md); a user who edits weights between calls or trains names `runtime="onnxruntime"` (fed
@@ -78,7 +78,6 @@ the weights) or none. `runtime=None` stays eager PyTorch: auto measures for seco
 engine, which an existing caller did not ask for.
 """
 
-import copy
 import gc
 import importlib.util
 import logging
@@ -98,6 +97,7 @@ from .attached import engine_of, take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
 from .decision import (BY_NAME, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file, encoder_of,
                        read_decision, write_decision)
+from .holding import sharing_copy
 from .options import checked
 
 logger = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
             models[path.name] = model
             continue
         try:
-            models[path.name] = apply_runtime(copy.deepcopy(model), path.runtime, threads=threads,
+            models[path.name] = apply_runtime(sharing_copy(model), path.runtime, threads=threads,
                                               cache_dir=cache_dir, **dict(path.options))
         except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
             left_out[path.name] = str(error).splitlines()[0]
@@ -291,7 +291,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     for candidate in models.values():
         if candidate is not model:
             take_off(candidate)
-    del models, runs  # the copies and their engines (a model's size each) go now, not at some later collection
+    del models, runs  # the copies and their engines go now, not at some later collection
     gc.collect()
     return record
 
