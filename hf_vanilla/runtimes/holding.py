@@ -241,9 +241,10 @@ def held_repr(engine, path: str = "") -> str:
 
 
 def sharing_copy(unit):
-    """A deep copy of the body `unit` (its config object shared) whose parameters and buffers are new tensors over
-    the body's memory, not copies of it: a checkpoint loaded memory-mapped stays so, never materialised a second
-    time. New Parameters, not requiring grad: what the copy's moves and flags change is its own."""
+    """A deep copy of `unit` (a body, or a whole model; its config object shared) whose parameters and buffers are
+    new tensors over `unit`'s memory, not copies of it: a checkpoint loaded memory-mapped stays so, never
+    materialised a second time. New Parameters, not requiring grad: what the copy's moves and flags change is its
+    own."""
     memo = {id(unit.config): unit.config}
     for tensor in [*unit.parameters(), *unit.buffers()]:
         shared = tensor.detach()

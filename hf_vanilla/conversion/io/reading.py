@@ -138,30 +138,30 @@ def check_generation_settings(generation, path, vocab_size: int | None = None) -
     """Refuse a generation config (read from `path`, named in the message) holding a setting `generate` would fail on
     or misread: the types and ranges of `GENERATION_SETTINGS`, and token ids that are not ids (or, given the model's
     `vocab_size`, not rows of its vocabulary; `generate` would index past the logits)."""
-    def refuse(field, value, what):
-        raise ConversionError(f"{path} sets {field}={value!r}, but it must be {what}: fix that field (or delete it, "
+    def refuse(setting, value, what):
+        raise ConversionError(f"{path} sets {setting}={value!r}, but it must be {what}: fix that field (or delete it, "
                               f"for transformers' default) in the source.")
 
-    for field, (valid, what) in GENERATION_SETTINGS.items():
-        value = getattr(generation, field, None)
+    for setting, (valid, what) in GENERATION_SETTINGS.items():
+        value = getattr(generation, setting, None)
         if value is not None and not valid(value):
-            refuse(field, value, what)
+            refuse(setting, value, what)
     span = f"from 0 to {vocab_size - 1}: the vocabulary has {vocab_size} tokens" if vocab_size else "from 0 up"
 
     def is_id(value):
         return (isinstance(value, int) and not isinstance(value, bool) and value >= 0
                 and (vocab_size is None or value < vocab_size))
 
-    for field, several in TOKEN_ID_SETTINGS.items():
-        value = getattr(generation, field, None)
+    for setting, several in TOKEN_ID_SETTINGS.items():
+        value = getattr(generation, setting, None)
         if value is None:
             continue
         if not (is_id(value) or several and isinstance(value, list) and value and all(map(is_id, value))):
-            refuse(field, value, f"a token id ({span})" + (" or a list of such ids" if several else ""))
-    for field in TOKEN_LIST_SETTINGS:
-        value = getattr(generation, field, None)
+            refuse(setting, value, f"a token id ({span})" + (" or a list of such ids" if several else ""))
+    for setting in TOKEN_LIST_SETTINGS:
+        value = getattr(generation, setting, None)
         if value is not None and not (isinstance(value, list) and all(map(is_id, value))):
-            refuse(field, value, f"a list of token ids ({span})")
+            refuse(setting, value, f"a list of token ids ({span})")
     bad_words = getattr(generation, "bad_words_ids", None)
     if bad_words is not None and not (isinstance(bad_words, list) and all(
             isinstance(words, list) and words and all(map(is_id, words)) for words in bad_words)):
