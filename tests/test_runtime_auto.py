@@ -86,7 +86,7 @@ def scripted(monkeypatch, clock, costs, calls=None):
     original = auto.runner
 
     def runner(model, path, inputs):
-        request = "short" if inputs["input_ids"].shape[0] == 1 else "padded"
+        request = {1: "short", len(decision.PADDED): "padded"}.get(inputs["input_ids"].shape[0], "large")
         cost = costs.get(path.name, 1.0)
         cost = cost[request] if isinstance(cost, dict) else cost
         turns = itertools.cycle(cost if isinstance(cost, list) else [cost])
@@ -262,7 +262,7 @@ def test_a_damaged_decision_is_ignored_with_a_warning(damage, graphs, scripted_c
 def kept_record(runtime: str) -> dict:
     """The fields of a kept decision naming `runtime`, as use_auto writes them."""
     return {"runtime": runtime, "precision": "f32", "times_ms": {}, "engine_ms": {}, "accuracy": {}, "sample": "",
-            "left_out": {}, "measured_s": 1.0, "cpu": {}, "margin": 2.0, "settled": True}
+            "left_out": {}, "measured_s": 1.0, "cpu": {}, "margin": 2.0, "settled": True, "split": None}
 
 
 def within(seconds: float):
@@ -459,6 +459,73 @@ def test_reduced_precision_only_when_asked_and_at_the_accuracy_floor(graphs, scr
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime"
     assert chosen.left_out["onnxruntime owned int8"].startswith("lowest token cosine")
+
+
+SPLIT_COSTS = {"onnxruntime owned int8": {"short": 0.01, "padded": 0.05, "large": 0.4},
+               "pytorch bf16": {"short": 0.03, "padded": 0.04, "large": 0.1}}
+
+
+def rows_of(tokens: int) -> dict:
+    """A request of `tokens` real tokens: two rows, the second right-padded when `tokens` is odd."""
+    first = (tokens + 1) // 2
+    ids = (torch.arange(2 * first).view(2, first) * 7) % (CONFIG["vocab_size"] - 1) + 1
+    mask = (torch.arange(first)[None, :] < torch.tensor([first, tokens - first])[:, None]).long()
+    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask}
+
+
+def test_fastest_answers_larger_requests_with_bf16_pytorch_beside_the_engine(graphs, scripted_clock, monkeypatch):
+    """Where bf16 is fast, int8 ONNX Runtime scripted fastest on the short query and bf16 PyTorch (padding-free) on
+    the batches: the engine is chosen, and from the real tokens where the two times cross between the short query (16
+    tokens) and the padded batch (80) the bf16 partner answers, in float32 as the engine does. Each input is
+    answered one way from its first call (the split is decided at load, by real tokens); the partner follows the
+    weights the engine holds (a load_state_dict); a second load reads the split back without measuring."""
+    monkeypatch.setattr(auto, "bf16_is_fast", lambda: True)
+    monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
+    monkeypatch.setattr(auto, "missing", lambda path: ["openvino"] if path.runtime == "openvino" else [])
+    calls = []
+    scripted(monkeypatch, scripted_clock, SPLIT_COSTS, calls)
+    model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    chosen = auto.auto_choice(model)
+    assert chosen.runtime == "onnxruntime owned int8"
+    assert chosen.split["tokens"] == 59  # 16 + 64 x 2/3: where 10 -> 50 ms and 30 -> 40 ms cross
+    assert chosen.split["large_ms"] == pytest.approx({"onnxruntime owned int8": 400.0, "pytorch bf16": 100.0})
+    assert ("pytorch bf16", "large") in calls and ("onnxruntime", "large") not in calls
+
+    def bf16_of(weights, inputs):
+        with torch.inference_mode():
+            return weights.to(torch.bfloat16)(**inputs).last_hidden_state.float()
+
+    for tokens, partner in ((58, False), (59, True), (64, True)):
+        inputs = rows_of(tokens)
+        with torch.inference_mode():
+            first, again = (model(**inputs).last_hidden_state for _ in range(2))
+        assert first.dtype == torch.float32 and torch.equal(first, again)
+        assert torch.equal(first, bf16_of(model_of(), inputs)) == partner
+
+    other = model_of(seed=1)
+    model.load_state_dict(other.state_dict())
+    inputs = rows_of(64)
+    with torch.inference_mode():
+        assert torch.equal(model(**inputs).last_hidden_state, bf16_of(model_of(seed=1), inputs))
+
+    calls.clear()
+    again = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    assert calls == [] and auto.auto_choice(again).cached and auto.auto_choice(again).split["tokens"] == 59
+    with torch.inference_mode():
+        assert torch.equal(again(**inputs).last_hidden_state, bf16_of(model_of(), inputs))
+
+
+def test_fastest_runs_bf16_pytorch_alone_where_it_leads_everywhere(graphs, scripted_clock, monkeypatch):
+    """bf16 PyTorch scripted fastest at every request: the model itself runs in bfloat16, with no engine; where bf16
+    is not fast it is no candidate."""
+    monkeypatch.setattr(auto, "bf16_is_fast", lambda: True)
+    monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
+    scripted(monkeypatch, scripted_clock, {"pytorch bf16": 0.01})
+    model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    assert auto.auto_choice(model).runtime == "pytorch bf16" and auto.auto_choice(model).split is None
+    assert engine_of(model) is None and model.dtype == torch.bfloat16
+    monkeypatch.setattr(auto, "bf16_is_fast", lambda: False)
+    assert "bf16_is_fast" in auto._candidates("fastest")[1]["pytorch bf16"]
 
 
 def test_the_floor_is_checked_on_the_samples_text(graphs, scripted_clock, monkeypatch):

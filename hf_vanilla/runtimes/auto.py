@@ -14,12 +14,13 @@ CPUs it was measured on. So the choice is measured where the model runs.
 
 What is measured. The installed paths (`PATHS`; one whose packages are missing, or that refuses this model, is not
 a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model's weights, ONNX Runtime holding them,
-OpenVINO holding them, and with `precision="fastest"` their int8 forms and OpenVINO's bf16 where the CPU multiplies
-bf16 natively (`hf_vanilla.precision.bf16_is_fast`). Each is attached to its own copy of the model (over the model's
-tensors: the weights are not copied) and timed on the model's encoder at two requests: one short dense row
-(`SHORT`) and a right-padded batch (`PADDED`), as the engine will run them (the engine's own path; PyTorch's
-separately), each as such requests come, in balanced orders (`measure.balanced_orders`: a Williams design, each
-path right after each other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed:
+OpenVINO holding them; with `precision="fastest"` their int8 forms, and where the CPU multiplies bf16 natively
+(`hf_vanilla.precision.bf16_is_fast`) OpenVINO's bf16 and eager PyTorch in bf16 (padding-free, on a bf16 copy). Each
+is attached to its own copy of the model (over the model's tensors: the weights are not copied) and timed on the
+model's encoder at one short dense row (`SHORT`) and a right-padded batch (`PADDED`), as the engine will run them
+(the engine's own path; PyTorch's separately), each as such requests come, in balanced orders
+(`measure.balanced_orders`: each path right after each other one equally often), for `ROUNDS` rounds at least and
+until `BUDGET_S` seconds have passed:
 - the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
   `QUERIES` times a round. The idle decides which engine answers a query first: MiniLM on a 2-core Zen 4, ONNX
   Runtime holding the weights answered 15% sooner than OpenVINO after 20 ms of idle, and after none (calls back to
@@ -41,7 +42,15 @@ engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch, else 
 whose geometric mean time over the two requests is least; one within `TIE` of it that comes first in `PATHS` (fewer
 restrictions: PyTorch, then the engine fed the weights, then those holding them) is preferred. The chosen engine is
 attached to the model, and the per-size decisions of the two requests are kept (`MeasuredChoice.decide`): other
-sizes are measured by the engine as they come, as with any runtime.
+sizes are measured by the engine as they come, as with any runtime (float32 engines only: an engine at int8 or bf16
+answers every request it computes, hf_vanilla/runtimes/choice.py).
+
+Per size, at "fastest". Where bf16 is fast, bf16 PyTorch (padding-free) leads on batches and an engine on short
+queries (Intel Xeon with AMX, bert-base, 2 threads: OpenVINO int8 10.6 ms at 1x16 against bf16 PyTorch's 24.0; at
+8x128, 410 ms against 222). So where an engine holding the weights is chosen, it and bf16 PyTorch are also timed at
+a larger batch (`LARGE`), and requests from the real token count where their times cross (`_split`) go to bf16
+PyTorch beside the engine (`OwnedEncoder.pair`): decided here, by real tokens, so an input is answered one way from
+its first call. Where bf16 PyTorch leads at every request, the model runs in bf16 alone.
 
 The accuracy rule of `precision="fastest"`. A path below float32 (int8, bf16) is a candidate only where its lowest
 per-token cosine against float32 PyTorch, on real text run through the model's own weights, is at least
@@ -96,7 +105,7 @@ from .accuracy import lowest_cosine, sample_batches
 from .attached import engine_of, take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
 from .decision import (BY_NAME, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file, encoder_of,
-                       read_decision, write_decision)
+                       read_decision, requests, write_decision)
 from .holding import sharing_copy
 from .options import checked
 
@@ -196,6 +205,12 @@ def _attach(model, record: AutoChoice, threads: int, cache_dir, apply_runtime) -
     if path.runtime is not None:
         apply_runtime(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
         _keep_sizes(model, record)
+        if record.split is not None:
+            for module in model.modules():
+                if hasattr(engine_of(module), "pair"):
+                    engine_of(module).pair(record.split["tokens"])
+    elif path.precision == "bf16":  # eager PyTorch in bfloat16, every request
+        model.to(torch.bfloat16)
 
 
 def _refuse_other_dtypes(model) -> None:
@@ -228,20 +243,6 @@ def _candidates(precision: str) -> tuple[list, dict]:
     return paths, left_out
 
 
-def requests(config) -> dict:
-    """The two requests measured, by name: {"short": inputs, "padded": inputs} (ids spread over the vocabulary, as
-    `hf_vanilla.export.example_inputs` spreads them; rows right-padded)."""
-    limit = config.max_position_embeddings - getattr(config, "position_offset", 0)
-    made = {}
-    for name, lengths in (("short", SHORT), ("padded", PADDED)):
-        lengths = [min(length, limit) for length in lengths]
-        T = max(lengths)
-        ids = (torch.arange(len(lengths) * T).view(len(lengths), T) * 7919 + 5) % config.vocab_size
-        mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-        made[name] = {"input_ids": ids.masked_fill(mask == 0, config.pad_token_id or 0), "attention_mask": mask}
-    return made
-
-
 # ---- measuring ------------------------------------------------------------------------------------------------------
 
 
@@ -261,10 +262,11 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     docstring), and choose."""
     started = time.perf_counter()
     inputs = requests(model.config)
+    large = inputs.pop("large")
     models = {}
     for path in paths:
-        if path.runtime is None:
-            models[path.name] = model
+        if path.runtime is None:  # the model itself, or a bfloat16 copy of it
+            models[path.name] = model if path.precision == "f32" else sharing_copy(model).to(torch.bfloat16)
             continue
         try:
             models[path.name] = apply_runtime(sharing_copy(model), path.runtime, threads=threads,
@@ -282,9 +284,10 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     times = _time(runs)
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
     chosen, margin = _choose(effective)
+    split = _split(chosen, models, inputs | {"large": large}, effective)
     record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, sample if accuracy else "",
                         left_out, time.perf_counter() - started, _cpu(), margin,
-                        margin is None or margin >= NOISE, False, None)
+                        margin is None or margin >= NOISE, False, None, split)
     logger.info("runtime='auto': measured %d paths in %.2f s (%.2f s attaching them, %.2f s timing): %s; ms short / "
                 "padded: %s", len(times), record.measured_s, attached, record.measured_s - attached, chosen,
                 ", ".join(f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in record.times_ms.items()))
@@ -333,12 +336,12 @@ def _accuracy(models: dict, batches: list | None, left_out: dict, sample: str) -
 def _time(runs: dict) -> dict:
     """{path: {request: median seconds}}: each path's first calls untimed (a compilation of the request's own shape
     comes at the second: OpenVINO's `static_shapes`; PyTorch's first calls of a shape time its matrix kernels, and
-    a call that did is not counted), then rounds, at least ROUNDS and until BUDGET_S seconds
-    have passed since the first (untimed calls included), read on `measure.clock`, each request timed as such
-    requests come: the short query `QUERIES` times per path and round, each call after IDLE_S of sleep and after
-    another path's call (balanced orders); the padded batch in a block per path and round, back to back, its first
-    call not timed (it pays for the previous path's threads), the median of the BLOCK others. A path's time at a
-    request is the median of its samples (single calls, block medians)."""
+    a call that did is not counted), then rounds, at least ROUNDS and until BUDGET_S seconds have passed since the
+    first (untimed calls included), read on `measure.clock`, each request timed as such requests come: the short
+    query `QUERIES` times per path and round, each call after IDLE_S of sleep and after another path's call
+    (balanced orders); each batch (the padded one, the large one) in a block per path and round, back to back, its
+    first call not timed (it pays for the previous path's threads), the median of the BLOCK others. A path's time at
+    a request is the median of its samples (single calls, block medians)."""
     names = list(runs)
     for calls in runs.values():
         for run in calls.values():
@@ -357,18 +360,20 @@ def _time(runs: dict) -> dict:
             samples.append(measure.clock() - start)
 
     orders, rounds, started = measure.balanced_orders(len(names)), 0, measure.clock()
+    batches = [request for request in runs[names[0]] if request != "short"]
     while rounds < ROUNDS or measure.clock() - started < BUDGET_S:
-        for query in range(QUERIES):
+        for query in range(QUERIES if "short" in runs[names[0]] else 0):
             for index in orders[(rounds * QUERIES + query) % len(orders)]:
                 measure.sleep(IDLE_S)
                 timed(runs[names[index]]["short"], seconds[names[index]]["short"])
-        for index in orders[rounds % len(orders)]:
-            run, block = runs[names[index]]["padded"], []
-            run()
-            for _ in range(BLOCK):
-                timed(run, block)
-            if block:
-                seconds[names[index]]["padded"].append(statistics.median(block))
+        for request in batches:
+            for index in orders[rounds % len(orders)]:
+                run, block = runs[names[index]][request], []
+                run()
+                for _ in range(BLOCK):
+                    timed(run, block)
+                if block:
+                    seconds[names[index]][request].append(statistics.median(block))
         rounds += 1
     return {name: {request: statistics.median(samples) if samples else float("inf") for request, samples in by.items()}
             for name, by in seconds.items()}
@@ -385,6 +390,33 @@ def _effective(name: str, request: str, times: dict) -> float:
     if not measures(BY_NAME[name].precision, dense):
         return times[name][request]
     return times[name][request] if pytorch >= CHOICE_MIN_GAIN * times[name][request] else pytorch
+
+
+def _split(chosen: str, models: dict, inputs: dict, effective: dict) -> dict | None:
+    """From how many real tokens bf16 PyTorch ("pytorch bf16", padding-free) answers beside the chosen engine
+    (`OwnedEncoder.pair`), or None. The two are timed at a third, larger request (`LARGE`, blocks as the padded
+    batch); over the three requests in order of real tokens, at the first where bf16 PyTorch was faster (by `TIE`)
+    with the engine faster at the one before, the split is where the two times, each taken as linear in real tokens
+    between those two requests, cross. None where there is no bf16 PyTorch candidate, the chosen path is not an
+    engine holding its weights, or bf16 PyTorch led at no request after the engine led (a size is answered one way
+    from its first call: the split is decided here, from what was measured, never on a user's calls)."""
+    partner = "pytorch bf16"
+    engines = [engine_of(module) for module in models[chosen].modules()] if chosen in models else []
+    if partner not in models or not any(hasattr(engine, "pair") for engine in engines):
+        return None
+    _decide(models[chosen], inputs["large"], engine=True)
+    large = _time({name: {"large": runner(models[name], BY_NAME[name], inputs["large"])} for name in (chosen, partner)})
+    tokens = {request: int(inputs[request]["attention_mask"].sum()) for request in inputs}
+    points = sorted((tokens[request], effective[chosen][request], effective[partner][request])
+                    for request in effective[chosen]) + [(tokens["large"], large[chosen]["large"],
+                                                          large[partner]["large"])]
+    for (before, engine_before, bf16_before), (n, engine, bf16) in zip(points, points[1:]):
+        if bf16 * TIE < engine and bf16_before * TIE >= engine_before:
+            lead_before, lead = engine_before - bf16_before, engine - bf16  # bf16's lead, <= 0 then > 0
+            cross = before + (n - before) * -lead_before / (lead - lead_before)
+            return {"tokens": min(n, max(before + 1, math.ceil(cross))),
+                    "large_ms": {name: 1e3 * by["large"] for name, by in large.items()}}
+    return None
 
 
 def _choose(effective: dict) -> tuple[str, float | None]:
@@ -417,7 +449,7 @@ def _settle(kept: AutoChoice, measured: AutoChoice) -> AutoChoice:
     if unsure and kept.runtime in measured.times_ms and order.index(kept.runtime) < order.index(measured.runtime):
         logger.info("runtime='auto': %s and %s measured within %.2f of each other twice: %s, which has fewer "
                     "restrictions", kept.runtime, measured.runtime, NOISE, kept.runtime)
-        measured.runtime = kept.runtime
+        measured.runtime, measured.split = kept.runtime, kept.split
         measured.margin = _margin(_scores(measured.times_ms), kept.runtime)
     measured.settled = True
     return measured

@@ -30,7 +30,7 @@ PROBE_TOKENS, PROBE_TOLERANCE = 16, 1e-4
 CALL_COST_TOKENS = 32
 
 
-def serve(config, arguments: dict, token_types: bool, decisions, engine, pytorch, prepare=None):
+def serve(config, arguments: dict, token_types: bool, decisions, engine, pytorch, prepare=None, partner=None):
     """One call of a module an engine stands in front of, from its arguments (by name) to its output: the request
     read (`request_feeds`), the path chosen (`choice.route`, and timed by `choice.timed` while `decisions` measures
     its size), the engine's arrays for it (rows grouped by length, `run_grouped`, unless the request has no padding)
@@ -41,12 +41,16 @@ def serve(config, arguments: dict, token_types: bool, decisions, engine, pytorch
                                 (default: the feeds themselves)
         engine(request, dense)  (run, output names, dtype): `run(feeds) -> [arrays]` its call, `dense` for a request
                                 without padding of a size decided for the engine (its fastest call)
+        partner                 (tokens, call): requests of at least `tokens` real tokens answered by `call()`, the
+                                engine's bfloat16 partner (`OwnedEncoder.pair`); None: no partner
     """
     feeds = request_feeds(config, arguments, token_types)
     request = None if feeds is None else feeds if prepare is None else prepare(feeds)
     if request is None:
         return pytorch()
-    path, measuring = choice.route(decisions, feeds["attention_mask"])
+    path, measuring = choice.route(decisions, feeds["attention_mask"], None if partner is None else partner[0])
+    if path == "partner":
+        return partner[1]()
 
     def answer():
         run, names, dtype = engine(request, path == "dense")

@@ -34,9 +34,10 @@ from .accuracy import digest
 logger = logging.getLogger(__name__)
 
 
-FORMAT = 3  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
+FORMAT = 4  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
+LARGE = (128, 112, 96, 80, 64, 48, 32, 16)  # eight rows right-padded to 128: where bf16 PyTorch is timed (`split`)
 MAX_DECISION_BYTES = 1 << 20  # a kept decision is a few kilobytes: a larger file is not one this code wrote
 PRECISIONS = ("f32", "fastest")
 
@@ -59,6 +60,7 @@ PATHS = (
     Path("onnxruntime", "onnxruntime", (), "f32", ("onnxruntime", *_ONNX)),
     Path("onnxruntime owned", "onnxruntime", (("owned", True),), "f32", ("onnxruntime", *_ONNX)),
     Path("openvino", "openvino", (), "f32", ("openvino", *_ONNX)),
+    Path("pytorch bf16", None, (), "bf16"),
     Path("onnxruntime owned int8", "onnxruntime", (("owned", True), ("precision", "int8")), "int8",
          ("onnxruntime", *_ONNX)),
     Path("openvino int8", "openvino", (("precision", "int8"),), "int8", ("openvino", *_ONNX)),
@@ -84,6 +86,23 @@ class AutoChoice:
     settled: bool  # False: the margin was within NOISE, and the next load measures again once
     cached: bool  # True where this process read the decision from the file instead of measuring
     file: str | None  # the JSON file the decision is kept in (None: no writable cache folder)
+    split: dict | None = None  # {"tokens": n, "large_ms": {path: ms}}: requests of n real tokens or more answered by
+    # "pytorch bf16" beside the chosen engine (hf_vanilla/runtimes/auto.py, `_split`); None: the chosen path alone
+
+
+def requests(config) -> dict:
+    """The requests measured, by name: {"short": inputs, "padded": inputs, "large": inputs} (ids spread over the
+    vocabulary, as `hf_vanilla.export.example_inputs` spreads them; rows right-padded). "large" is timed only where
+    bf16 PyTorch may answer the larger requests (`_split`)."""
+    limit = config.max_position_embeddings - getattr(config, "position_offset", 0)
+    made = {}
+    for name, lengths in (("short", SHORT), ("padded", PADDED), ("large", LARGE)):
+        lengths = [min(length, limit) for length in lengths]
+        T = max(lengths)
+        ids = (torch.arange(len(lengths) * T).view(len(lengths), T) * 7919 + 5) % config.vocab_size
+        mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+        made[name] = {"input_ids": ids.masked_fill(mask == 0, config.pad_token_id or 0), "attention_mask": mask}
+    return made
 
 
 def encoder_of(model):
@@ -114,7 +133,7 @@ def decision_key(model, precision: str, threads: int, paths: list, batches: list
                              if tensor.is_floating_point()}),
             "threads": threads, "paths": [path.name for path in paths], "versions": versions(),
             "cpu": {"name": cpu_name(), "vendor": cpu_vendor(), "flags": sorted(cpu_flags())},
-            "requests": [SHORT, PADDED]}
+            "requests": [SHORT, PADDED, LARGE]}
     if precision == "fastest":
         meta |= {"weights": weights_digest(encoder), "sample": None if batches is None else digest(batches)}
     return hashlib.sha256(json.dumps(meta, sort_keys=True, default=repr).encode()).hexdigest()[:32]
@@ -162,7 +181,8 @@ def read_decision(file, paths: list) -> dict | None:
                 isinstance(record[table], dict) for table in ("accuracy", "left_out", "cpu")) \
                 or record["precision"] not in PRECISIONS or not isinstance(record["sample"], str) \
                 or not isinstance(record["settled"], bool) \
-                or not (record["margin"] is None or isinstance(record["margin"], (int, float))):
+                or not (record["margin"] is None or isinstance(record["margin"], (int, float))) \
+                or not (record["split"] is None or _split_ok(record["split"])):
             raise ValueError("a field of the wrong type")
         return record
     except FileNotFoundError:
@@ -171,6 +191,11 @@ def read_decision(file, paths: list) -> dict | None:
         warnings.warn(f"runtime='auto': ignored the kept decision {file} ({type(error).__name__}: "
                       f"{str(error)[:200]}); measuring again.", stacklevel=4)
         return None
+
+
+def _split_ok(split) -> bool:
+    return isinstance(split, dict) and set(split) == {"tokens", "large_ms"} and type(split["tokens"]) is int \
+        and split["tokens"] >= 1 and isinstance(split["large_ms"], dict)
 
 
 def _bytes(file) -> bytes:

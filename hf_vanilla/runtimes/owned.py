@@ -63,11 +63,12 @@ import torch
 from transformers import PreTrainedModel
 
 from . import choice
-from .attached import Engine, engine_of, refuse_quantized, take_off
+from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients,
                       sharing_copy, tensors_of)
+from .inspection import HOLD_METHODS, answer_for_held
 from .watch import Watch, class_code, difference, hooked, structure_of
 
 
@@ -92,6 +93,7 @@ class OwnedEncoder(HeldWeights, Engine):
         self.lock = threading.RLock()  # one rebuild at a time; calls check the body under it
         self.local = threading.local()  # per-thread state of the compiled engine (OpenVINO's infer requests)
         self.choice = choice.engine_or_pytorch(self.RUNTIME)
+        self.split, self.partner = None, None  # `pair`: from how many real tokens the bf16 partner answers, and it
         self.unfollowed = {}  # dtype -> the refusal of a move to it the engine cannot compile (`_move`)
         self._take()
 
@@ -223,6 +225,18 @@ class OwnedEncoder(HeldWeights, Engine):
             self.build(tensors_of(self.shadow), self.precision)
         self.names, self.token_types = self.outputs_of(compiled)
         self.compiled, self.local = compiled, threading.local()
+        self.partner = None if self.split is None else sharing_copy(self.shadow).to(torch.bfloat16)
+
+    def pair(self, tokens: int) -> None:
+        """Requests of at least `tokens` real tokens answered by eager PyTorch in bfloat16, padding-free, on a
+        bfloat16 copy of the held weights (`partner`), the others by the engine: what `runtime="auto"` chooses at
+        `precision="fastest"` where the CPU multiplies bf16 natively and the engine leads on short requests only
+        (hf_vanilla/runtimes/auto.py, `_split`). Which path answers depends on the request's real tokens alone, so an
+        input is answered one way from its first call. The partner is derived from the shadow: made again at every
+        compilation (`_compile`), so it follows every change the engine follows."""
+        with self.lock:
+            self.split = tokens
+            self.partner = sharing_copy(self.shadow).to(torch.bfloat16)
 
     # ---- calls ------------------------------------------------------------------------------------------------
 
@@ -239,8 +253,9 @@ class OwnedEncoder(HeldWeights, Engine):
 
     def _call(self, args: tuple, kwargs: dict):
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
+        partner = None if self.split is None else (self.split, functools.partial(self._pytorch, args, kwargs, True))
         return serve(self.shadow.config, arguments, self.token_types, choice.compared(self.choice, self.precision),
-                     self._engine, functools.partial(self._pytorch, args, kwargs))
+                     self._engine, functools.partial(self._pytorch, args, kwargs), partner=partner)
 
     def _engine(self, feeds: dict, dense: bool):
         """(run, output names, dtype) for `feeds` (`batches.serve`): the compilation the request runs on, after the
@@ -256,12 +271,20 @@ class OwnedEncoder(HeldWeights, Engine):
         """The per-call check of the body (hf_vanilla/runtimes/watch.py), its marker the one tensor it follows."""
         return Watch(self.unit, list(self.unit._parameters.values()))
 
-    def _pytorch(self, args, kwargs):
-        """The shadow's answer: eager PyTorch on the engine's own copy of the weights."""
+    def _pytorch(self, args, kwargs, partner: bool = False):
+        """The shadow's answer: eager PyTorch on the engine's own copy of the weights; with `partner`, its bfloat16
+        partner's (`pair`), in the engine's dtype as the engine's own answer is."""
         with self.lock:
             self._follow()
-            shadow = self.shadow
-        return type(shadow).forward(shadow, *args, **kwargs)
+            module, dtype = self.partner if partner else self.shadow, self.dtype
+        output = type(module).forward(module, *args, **kwargs)
+        if not partner:
+            return output
+        if isinstance(output, tuple):  # return_dict=False
+            return tuple(_in_dtype(value, dtype) for value in output)
+        for name, value in output.items():
+            output[name] = _in_dtype(value, dtype)
+        return output
 
     def _follow(self) -> None:
         """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
@@ -380,16 +403,15 @@ class OwnedEncoder(HeldWeights, Engine):
 
     def __getstate__(self):
         """Pickled with the model: the shadow and the graph's bytes; compiled again at the first call."""
-        return dict(vars(self), lock=None, local=None, compiled=None, watch=None, code=None)
+        return dict(vars(self), lock=None, local=None, compiled=None, watch=None, code=None, partner=None)
 
     def __setstate__(self, state):
         vars(self).update(state)
         self.lock, self.local = threading.RLock(), threading.local()
 
 
-# The methods `hold` answers on each PreTrainedModel of a model it holds, for the weights the engines hold.
-_LOOKUPS = (("get_parameter", {True}), ("get_buffer", {False}), ("get_parameter_or_buffer", {True, False}))
-HOLD_METHODS = ("num_parameters", "get_memory_footprint", *(name for name, _ in _LOOKUPS))
+def _in_dtype(value, dtype: torch.dtype):
+    return value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
 
 
 def hold(model, engine: type, precision: str, threads: int | None, cache_dir, call: str, **options):
@@ -428,63 +450,10 @@ def hold(model, engine: type, precision: str, threads: int | None, cache_dir, ca
     cache = GraphCache(cache_dir)
     for module in model.modules():  # before the engines take their snapshot of the bodies
         if isinstance(module, PreTrainedModel):
-            vars(module).update(num_parameters=functools.partial(num_parameters, module),
-                                get_memory_footprint=functools.partial(memory_footprint, module))
-            vars(module).update({name: functools.partial(_or_held, getattr(type(module), name), kinds, module)
-                                 for name, kinds in _LOOKUPS if hasattr(type(module), name)})
+            answer_for_held(module)
     for unit in units:
         engine(unit, precision, threads or torch.get_num_threads(), cache, **options)
     return model
-
-
-def held_tensors(model, buffers: bool = False):
-    """(name, tensor, trainable) of every parameter (or buffer) of `model` as PyTorch would list them without the
-    engines: where an engine holds a body's, its copy's under the body's names, trainable as they will be when it
-    gives them back; the engines' empty markers left out."""
-    engines = {path: engine for path, module in model.named_modules()
-               if isinstance(engine := engine_of(module), OwnedEncoder)}
-    markers = {f"{path}.{engine.marker}" if path else engine.marker for path, engine in engines.items()}
-    for name, tensor in model.named_buffers() if buffers else model.named_parameters():
-        if name not in markers:
-            yield name, tensor, tensor.requires_grad
-    for path, engine in engines.items():
-        marker = model.get_submodule(path)._parameters.get(engine.marker)
-        toggled = marker is not None and raw_attr(marker, "requires_grad") != engine.trainable  # requires_grad_() since
-        seen = set()
-        for name, tensor, parameter, _ in engine.kept():
-            if parameter != buffers and id(tensor) not in seen:
-                seen.add(id(tensor))
-                trainable = parameter and (not engine.trainable if toggled else name not in engine.frozen)
-                yield f"{path}.{name}" if path else name, tensor, trainable
-
-
-def num_parameters(model, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
-    """transformers' `PreTrainedModel.num_parameters`, counting the weights the engines hold."""
-    embeddings = {f"{name}.weight" for name, module in model.named_modules()
-                  if isinstance(module, torch.nn.Embedding)} if exclude_embeddings else set()
-    return sum(tensor.numel() for name, tensor, trainable in held_tensors(model)
-               if name not in embeddings and (trainable or not only_trainable))
-
-
-def _or_held(lookup, kinds: set, model, target: str):
-    """`lookup(model, target)` (nn.Module's `get_parameter`, `get_buffer`, transformers' `get_parameter_or_buffer`),
-    answering the name of a held weight of the kind it looks for (`kinds`: whether a parameter) with its view
-    (`HeldTensor`), where torch finds no Parameter or buffer there."""
-    try:
-        return lookup(model, target)
-    except AttributeError:
-        path, _, name = target.rpartition(".")
-        view = vars(model.get_submodule(path)).get(name)
-        if isinstance(view, HeldTensor) and view.parameter in kinds:
-            return view
-        raise
-
-
-def memory_footprint(model, return_buffers: bool = True) -> int:
-    """transformers' `PreTrainedModel.get_memory_footprint`, counting the weights the engines hold (their own
-    copies; what a compilation lays out for its kernels besides is the engine's, not counted)."""
-    tensors = [*held_tensors(model), *(held_tensors(model, buffers=True) if return_buffers else ())]
-    return sum(tensor.nelement() * tensor.element_size() for _, tensor, _ in tensors)
 
 
 def _outside(model, units):

@@ -1,0 +1,73 @@
+"""What a user or a library asks of a model whose encoder weights an engine holds, to inspect it
+(hf_vanilla/runtimes/owned.py says why the engine holds them): the parameter count, the memory footprint and the
+lookups by name, answered from the engine's copy under the body's names, as PyTorch would answer them without the
+engine. `hold` puts these answers on each PreTrainedModel of a model it holds (`answer_for_held`)."""
+
+import functools
+
+import torch
+
+from .attached import engine_of
+from .holding import HeldTensor, HeldWeights, raw_attr
+
+# The methods answered on each PreTrainedModel of a model an engine holds, for the weights the engines hold.
+_LOOKUPS = (("get_parameter", {True}), ("get_buffer", {False}), ("get_parameter_or_buffer", {True, False}))
+HOLD_METHODS = ("num_parameters", "get_memory_footprint", *(name for name, _ in _LOOKUPS))
+
+
+def answer_for_held(module) -> None:
+    """Put the answers of this module on `module` (a PreTrainedModel), as attributes of the instance."""
+    vars(module).update(num_parameters=functools.partial(num_parameters, module),
+                        get_memory_footprint=functools.partial(memory_footprint, module))
+    vars(module).update({name: functools.partial(or_held, getattr(type(module), name), kinds, module)
+                         for name, kinds in _LOOKUPS if hasattr(type(module), name)})
+
+
+def held_tensors(model, buffers: bool = False):
+    """(name, tensor, trainable) of every parameter (or buffer) of `model` as PyTorch would list them without the
+    engines: where an engine holds a body's, its copy's under the body's names, trainable as they will be when it
+    gives them back; the engines' empty markers left out."""
+    engines = {path: engine for path, module in model.named_modules()
+               if isinstance(engine := engine_of(module), HeldWeights)}
+    markers = {f"{path}.{engine.marker}" if path else engine.marker for path, engine in engines.items()}
+    for name, tensor in model.named_buffers() if buffers else model.named_parameters():
+        if name not in markers:
+            yield name, tensor, tensor.requires_grad
+    for path, engine in engines.items():
+        marker = model.get_submodule(path)._parameters.get(engine.marker)
+        toggled = marker is not None and raw_attr(marker, "requires_grad") != engine.trainable  # requires_grad_() since
+        seen = set()
+        for name, tensor, parameter, _ in engine.kept():
+            if parameter != buffers and id(tensor) not in seen:
+                seen.add(id(tensor))
+                trainable = parameter and (not engine.trainable if toggled else name not in engine.frozen)
+                yield f"{path}.{name}" if path else name, tensor, trainable
+
+
+def num_parameters(model, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+    """transformers' `PreTrainedModel.num_parameters`, counting the weights the engines hold."""
+    embeddings = {f"{name}.weight" for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.Embedding)} if exclude_embeddings else set()
+    return sum(tensor.numel() for name, tensor, trainable in held_tensors(model)
+               if name not in embeddings and (trainable or not only_trainable))
+
+
+def or_held(lookup, kinds: set, model, target: str):
+    """`lookup(model, target)` (nn.Module's `get_parameter`, `get_buffer`, transformers' `get_parameter_or_buffer`),
+    answering the name of a held weight of the kind it looks for (`kinds`: whether a parameter) with its view
+    (`HeldTensor`), where torch finds no Parameter or buffer there."""
+    try:
+        return lookup(model, target)
+    except AttributeError:
+        path, _, name = target.rpartition(".")
+        view = vars(model.get_submodule(path)).get(name)
+        if isinstance(view, HeldTensor) and view.parameter in kinds:
+            return view
+        raise
+
+
+def memory_footprint(model, return_buffers: bool = True) -> int:
+    """transformers' `PreTrainedModel.get_memory_footprint`, counting the weights the engines hold (their own
+    copies; what a compilation lays out for its kernels besides is the engine's, not counted)."""
+    tensors = [*held_tensors(model), *(held_tensors(model, buffers=True) if return_buffers else ())]
+    return sum(tensor.nelement() * tensor.element_size() for _, tensor, _ in tensors)
