@@ -2,6 +2,7 @@
 baseline and as a ratio to the checkpoint's size, each runtime measured in a fresh process.
 
     python benchmarks/memory.py                      # all-MiniLM-L6-v2, converted into a temporary folder
+    python benchmarks/memory.py --model bert-base    # bert-base's shape, random weights (seed 0), offline
     python benchmarks/memory.py --model PATH --calls 5
 
 Graphs are traced into a cache first, as a server finds them. The baseline is taken after importing torch,
@@ -24,7 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.embed_corpus_engines import converted_minilm  # noqa: E402
 
-RUNTIMES = {"eager": None, "onnxruntime": {}, "onnxruntime owned": {"owned": True}, "openvino": {}, "auto": {}}
+RUNTIMES = {"eager": None, "onnxruntime": {}, "onnxruntime owned": {"owned": True}, "openvino": {}, "auto": {},
+            "auto fastest": {"precision": "fastest"}}
 
 # Run in the child: prints one JSON line of the figures, in MiB.
 PROBE = """
@@ -54,6 +56,23 @@ print(json.dumps({"load": load["VmRSS"] - base["VmRSS"], "anon": load["RssAnon"]
 """
 
 
+def converted_bert_base(folder: Path) -> Path:
+    """transformers' BertModel(BertConfig()) (bert-base's shape, weights drawn from seed 0), converted to ours and
+    saved into `folder`: a bert-base-sized checkpoint without the Hub."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from hf_vanilla.conversion.formats.bert import bert_to_vanilla
+
+    torch.manual_seed(0)
+    reference = BertModel(BertConfig()).eval()
+    bert_to_vanilla(reference.state_dict(), reference.config.to_dict(), "base").save_pretrained(folder)
+    return folder
+
+
+MODELS = {"minilm": converted_minilm, "bert-base": converted_bert_base}  # built into the temporary folder
+
+
 def measured(model: Path, runtime: str, calls: int, cache: str) -> dict:
     """The figures of `runtime` loading `model`, in a fresh Python process."""
     options = json.dumps(RUNTIMES[runtime])
@@ -64,21 +83,22 @@ def measured(model: Path, runtime: str, calls: int, cache: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="a converted checkpoint (default: all-MiniLM-L6-v2, converted)")
+    parser.add_argument("--model", default="minilm", help=f"a converted checkpoint's folder, or one of {list(MODELS)} "
+                                                          f"built here (default: minilm, all-MiniLM-L6-v2 converted)")
     parser.add_argument("--calls", type=int, default=5, help="calls of 8 x 128 tokens after the load")
     parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES))
     args = parser.parse_args()
     from hf_vanilla.precision import cpu_name
 
     with tempfile.TemporaryDirectory(prefix="hf_vanilla-memory-") as folder:
-        model = args.model or converted_minilm(Path(folder) / "minilm")
+        model = MODELS[args.model](Path(folder) / args.model) if args.model in MODELS else Path(args.model)
         size = sum(file.stat().st_size for file in model.glob("*.safetensors")) / 2**20
         print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores; {model.name}: checkpoint {size:.0f} MiB; "
               f"MiB over the baseline (ratio to the checkpoint); {args.calls} calls of 8 x 128")
         print(f"{'runtime':<20}{'after load':>16}{'anon':>8}{'load peak':>16}{'after calls':>16}")
         cache = str(Path(folder) / "graphs")  # one cache for every runtime: its graphs are traced once
         for runtime in args.runtimes:
-            if runtime not in ("eager", "auto"):  # its graph traced and cached first: a load as a server's
+            if runtime.split()[0] not in ("eager", "auto"):  # its graph traced and cached first: a load as a server's
                 measured(model, runtime, 0, cache)
             figures = measured(model, runtime, args.calls, cache)
             print(f"{runtime:<20}" + "".join(f"{figures[key]:>8.0f} ({figures[key] / size:.2f})".rjust(16)
