@@ -209,7 +209,8 @@ def _feedable(tensor) -> bool:
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-def session_for(graph: bytes, threads: int):
-    options = onnxruntime.SessionOptions()
+def session_for(graph: bytes, threads: int, options=None):
+    """ONNX Runtime's session of `graph` on `threads` threads; `options`, SessionOptions set up beforehand."""
+    options = options or onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     return onnxruntime.InferenceSession(graph, options, providers=PROVIDERS)
