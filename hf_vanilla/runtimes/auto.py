@@ -17,15 +17,16 @@ a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model'
 OpenVINO holding them; with `precision="fastest"` their int8 forms, and where the CPU multiplies bf16 natively
 (`hf_vanilla.precision.bf16_is_fast`) OpenVINO's bf16 and eager PyTorch in bf16 (padding-free, on a bf16 copy). Each
 is attached to its own copy of the model (over the model's tensors: the weights are not copied) and timed on the
-model's encoder at one short dense row (`SHORT`) and a right-padded batch (`PADDED`), as the engine will run them
-(the engine's own path; PyTorch's separately), each as such requests come, in balanced orders
+model's encoder at one short dense row (`SHORT`), a small right-padded batch (`PADDED`) and a larger one (`LARGE`:
+where the paths' order can turn, as it did on an Intel Xeon with AMX, ONNX Runtime holding the weights level with
+OpenVINO at 1x16 and 0.76 of it at 8x128), as the engine will run them (the engine's own path; PyTorch's separately), each as such requests come, in balanced orders
 (`measure.balanced_orders`: each path right after each other one equally often), for `ROUNDS` rounds at least and
 until `BUDGET_S` seconds have passed:
 - the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
   `QUERIES` times a round. The idle decides which engine answers a query first: MiniLM on a 2-core Zen 4, ONNX
   Runtime holding the weights answered 15% sooner than OpenVINO after 20 ms of idle, and after none (calls back to
   back); OpenVINO was sooner after 50 ms and after 200 ms, as in the benchmark's rounds, which is how queries come;
-- the padded batch in blocks, as batches come back to back: the block's first call not counted (right after another
+- each batch in blocks, as batches come back to back: the block's first call not counted (right after another
   engine's, it pays for that engine's spinning threads, which no request to a model holding one engine pays), then
   `BLOCK` calls, their median.
 A path's time at a request is the median of its samples, not the best: ONNX Runtime's short calls are bimodal on the
@@ -39,17 +40,17 @@ logged at INFO.
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine on the short request (no padding) and at a reduced precision, else the
 engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch, else PyTorch. The path chosen is the one
-whose geometric mean time over the two requests is least; one within `TIE` of it that comes first in `PATHS` (fewer
+whose geometric mean time over the three requests is least; one within `TIE` of it that comes first in `PATHS` (fewer
 restrictions: PyTorch, then the engine fed the weights, then those holding them) is preferred. The chosen engine is
-attached to the model, and the per-size decisions of the two requests are kept (`MeasuredChoice.decide`): other
+attached to the model, and the per-size decisions of the measured requests are kept (`MeasuredChoice.decide`): other
 sizes are measured by the engine as they come, as with any runtime (float32 engines only: an engine at int8 or bf16
 answers every request it computes, hf_vanilla/runtimes/choice.py).
 
 Per size, at "fastest". Where bf16 is fast, bf16 PyTorch (padding-free) leads on batches and an engine on short
 queries (Intel Xeon with AMX, bert-base, 2 threads: OpenVINO int8 10.6 ms at 1x16 against bf16 PyTorch's 24.0; at
-8x128, 410 ms against 222). So where an engine holding the weights is chosen, it and bf16 PyTorch are also timed at
-a larger batch (`LARGE`), and requests from the real token count where their times cross (`_split`) go to bf16
-PyTorch beside the engine (`OwnedEncoder.pair`): decided here, by real tokens, so an input is answered one way from
+8x128, 410 ms against 222). So where an engine holding the weights is chosen, requests from the real token count
+where its measured times and bf16 PyTorch's cross (`_split`) go to bf16 PyTorch beside the engine
+(`OwnedEncoder.pair`): decided here, by real tokens, so an input is answered one way from
 its first call. Where bf16 PyTorch leads at every request, the model runs in bf16 alone.
 
 The accuracy rule of `precision="fastest"`. A path below float32 (int8, bf16) is a candidate only where its lowest
@@ -104,8 +105,8 @@ from ..precision import bf16_is_fast, cpu_capabilities, cpu_name, cpu_vendor
 from .accuracy import lowest_cosine, sample_batches
 from .attached import engine_of, take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
-from .decision import (BY_NAME, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file, encoder_of,
-                       read_decision, requests, write_decision)
+from .decision import (BY_NAME, LARGE, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file,
+                       encoder_of, read_decision, requests, write_decision)
 from .holding import sharing_copy
 from .options import checked
 
@@ -262,7 +263,6 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     docstring), and choose."""
     started = time.perf_counter()
     inputs = requests(model.config)
-    large = inputs.pop("large")
     models = {}
     for path in paths:
         if path.runtime is None:  # the model itself, or a bfloat16 copy of it
@@ -284,7 +284,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     times = _time(runs)
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
     chosen, margin = _choose(effective)
-    split = _split(chosen, models, inputs | {"large": large}, effective)
+    split = _split(chosen, models, inputs, effective)
     record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, sample if accuracy else "",
                         left_out, time.perf_counter() - started, _cpu(), margin,
                         margin is None or margin >= NOISE, False, None, split)
@@ -386,7 +386,7 @@ def _effective(name: str, request: str, times: dict) -> float:
     pytorch = times["pytorch"][request]
     if name == "pytorch":
         return pytorch
-    dense = len(set(SHORT if request == "short" else PADDED)) == 1  # every row of the request as long
+    dense = len(set({"short": SHORT, "padded": PADDED, "large": LARGE}[request])) == 1  # every row as long
     if not measures(BY_NAME[name].precision, dense):
         return times[name][request]
     return times[name][request] if pytorch >= CHOICE_MIN_GAIN * times[name][request] else pytorch
@@ -394,28 +394,22 @@ def _effective(name: str, request: str, times: dict) -> float:
 
 def _split(chosen: str, models: dict, inputs: dict, effective: dict) -> dict | None:
     """From how many real tokens bf16 PyTorch ("pytorch bf16", padding-free) answers beside the chosen engine
-    (`OwnedEncoder.pair`), or None. The two are timed at a third, larger request (`LARGE`, blocks as the padded
-    batch); over the three requests in order of real tokens, at the first where bf16 PyTorch was faster (by `TIE`)
-    with the engine faster at the one before, the split is where the two times, each taken as linear in real tokens
-    between those two requests, cross. None where there is no bf16 PyTorch candidate, the chosen path is not an
-    engine holding its weights, or bf16 PyTorch led at no request after the engine led (a size is answered one way
-    from its first call: the split is decided here, from what was measured, never on a user's calls)."""
+    (`OwnedEncoder.pair`), or None. Over the measured requests in order of real tokens, at the first where bf16
+    PyTorch was faster (by `TIE`) with the engine faster at the one before, the split is where the two times, each
+    taken as linear in real tokens between those two requests, cross. None where there is no bf16 PyTorch candidate,
+    the chosen path is not an engine holding its weights, or bf16 PyTorch led at no request after the engine led (a
+    size is answered one way from its first call: the split is decided here, never on a user's calls)."""
     partner = "pytorch bf16"
     engines = [engine_of(module) for module in models[chosen].modules()] if chosen in models else []
-    if partner not in models or not any(hasattr(engine, "pair") for engine in engines):
+    if partner not in effective or not any(hasattr(engine, "pair") for engine in engines):
         return None
-    _decide(models[chosen], inputs["large"], engine=True)
-    large = _time({name: {"large": runner(models[name], BY_NAME[name], inputs["large"])} for name in (chosen, partner)})
-    tokens = {request: int(inputs[request]["attention_mask"].sum()) for request in inputs}
-    points = sorted((tokens[request], effective[chosen][request], effective[partner][request])
-                    for request in effective[chosen]) + [(tokens["large"], large[chosen]["large"],
-                                                          large[partner]["large"])]
+    points = sorted((int(inputs[request]["attention_mask"].sum()), effective[chosen][request],
+                     effective[partner][request]) for request in inputs)
     for (before, engine_before, bf16_before), (n, engine, bf16) in zip(points, points[1:]):
         if bf16 * TIE < engine and bf16_before * TIE >= engine_before:
             lead_before, lead = engine_before - bf16_before, engine - bf16  # bf16's lead, <= 0 then > 0
             cross = before + (n - before) * -lead_before / (lead - lead_before)
-            return {"tokens": min(n, max(before + 1, math.ceil(cross))),
-                    "large_ms": {name: 1e3 * by["large"] for name, by in large.items()}}
+            return {"tokens": min(n, max(before + 1, math.ceil(cross)))}
     return None
 
 

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 FORMAT = 4  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
-LARGE = (128, 112, 96, 80, 64, 48, 32, 16)  # eight rows right-padded to 128: where bf16 PyTorch is timed (`split`)
+LARGE = (128, 112, 96, 80, 64, 48, 32, 16)  # eight rows right-padded to 128: a batch as a corpus is embedded
 MAX_DECISION_BYTES = 1 << 20  # a kept decision is a few kilobytes: a larger file is not one this code wrote
 PRECISIONS = ("f32", "fastest")
 
@@ -86,14 +86,13 @@ class AutoChoice:
     settled: bool  # False: the margin was within NOISE, and the next load measures again once
     cached: bool  # True where this process read the decision from the file instead of measuring
     file: str | None  # the JSON file the decision is kept in (None: no writable cache folder)
-    split: dict | None = None  # {"tokens": n, "large_ms": {path: ms}}: requests of n real tokens or more answered by
+    split: dict | None = None  # {"tokens": n}: requests of n real tokens or more answered by
     # "pytorch bf16" beside the chosen engine (hf_vanilla/runtimes/auto.py, `_split`); None: the chosen path alone
 
 
 def requests(config) -> dict:
     """The requests measured, by name: {"short": inputs, "padded": inputs, "large": inputs} (ids spread over the
-    vocabulary, as `hf_vanilla.export.example_inputs` spreads them; rows right-padded). "large" is timed only where
-    bf16 PyTorch may answer the larger requests (`_split`)."""
+    vocabulary, as `hf_vanilla.export.example_inputs` spreads them; rows right-padded)."""
     limit = config.max_position_embeddings - getattr(config, "position_offset", 0)
     made = {}
     for name, lengths in (("short", SHORT), ("padded", PADDED), ("large", LARGE)):
@@ -194,8 +193,7 @@ def read_decision(file, paths: list) -> dict | None:
 
 
 def _split_ok(split) -> bool:
-    return isinstance(split, dict) and set(split) == {"tokens", "large_ms"} and type(split["tokens"]) is int \
-        and split["tokens"] >= 1 and isinstance(split["large_ms"], dict)
+    return isinstance(split, dict) and set(split) == {"tokens"} and type(split["tokens"]) is int and split["tokens"] >= 1
 
 
 def _bytes(file) -> bytes:
