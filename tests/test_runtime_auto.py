@@ -82,7 +82,8 @@ def model_of(cls=VanillaEncoderModel, seed=0):
 
 def scripted(monkeypatch, clock, costs, calls=None):
     """Each path's call costs `costs[path]` seconds (or `costs[path][request]`, the large batch as the padded one
-    where not named; 1 s where not named; a list: its seconds in turn, call after call) on the scripted clock; `calls` (a list) records (path, request) of every call."""
+    where not named; 1 s where not named; a list: its seconds in turn, call after call) on the scripted clock;
+    `calls` (a list) records (path, request) of every call."""
     original = auto.runner
 
     def runner(model, path, inputs):

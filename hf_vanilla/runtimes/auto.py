@@ -19,9 +19,9 @@ OpenVINO holding them; with `precision="fastest"` their int8 forms, and where th
 is attached to its own copy of the model (over the model's tensors: the weights are not copied) and timed on the
 model's encoder at one short dense row (`SHORT`), a small right-padded batch (`PADDED`) and a larger one (`LARGE`:
 where the paths' order can turn, as it did on an Intel Xeon with AMX, ONNX Runtime holding the weights level with
-OpenVINO at 1x16 and 0.76 of it at 8x128), as the engine will run them (the engine's own path; PyTorch's separately), each as such requests come, in balanced orders
-(`measure.balanced_orders`: each path right after each other one equally often), for `ROUNDS` rounds at least and
-until `BUDGET_S` seconds have passed:
+OpenVINO at 1x16 and 0.76 of it at 8x128), as the engine will run them (the engine's own path; PyTorch's
+separately), each as such requests come, in balanced orders (`measure.balanced_orders`: each path right after each
+other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed:
 - the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
   `QUERIES` times a round. The idle decides which engine answers a query first: MiniLM on a 2-core Zen 4, ONNX
   Runtime holding the weights answered 15% sooner than OpenVINO after 20 ms of idle, and after none (calls back to

@@ -193,7 +193,8 @@ def read_decision(file, paths: list) -> dict | None:
 
 
 def _split_ok(split) -> bool:
-    return isinstance(split, dict) and set(split) == {"tokens"} and type(split["tokens"]) is int and split["tokens"] >= 1
+    return isinstance(split, dict) and set(split) == {"tokens"} and type(split["tokens"]) is int \
+        and split["tokens"] >= 1
 
 
 def _bytes(file) -> bytes:
