@@ -81,7 +81,7 @@ def route(decisions: measure.MeasuredChoice | None, mask: np.ndarray,
     for a request without padding; "engine"; "pytorch"), the engine whenever `decisions` is None (an engine at a
     reduced precision, `compared`) or `CHOICE` says so; (path, key) while `decisions` still measures the size:
     "engine" or "pytorch", whose call `timed` times under `key`. The engine then calls that path itself, so a
-    decided request enters this room once and comes back with no callback."""
+    decided request is routed once and needs no callback."""
     rows, tokens = mask.shape[0], int(mask.sum())
     if split is not None and tokens >= split and CHOICE != "engine":
         return "partner", None
