@@ -7,6 +7,7 @@ give them back into the body.
 """
 
 import copy
+import ctypes
 import functools
 import types
 
@@ -385,3 +386,15 @@ class HeldWeights:
                     continue
                 yield (f"{path}.{name}" if path else name, tensor, parameter,
                        parameter or name not in source._non_persistent_buffers_set)
+
+
+def return_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing), once an engine is
+    built: the graphs, protobufs and copies made on the way are freed, and glibc keeps most of such memory
+    resident (many blocks below its mmap threshold). ONNX Runtime's int8 session of bert-base: 2133 MiB resident
+    after load without it, 1007 with it."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
