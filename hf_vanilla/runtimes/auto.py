@@ -28,7 +28,7 @@ other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seco
   back); OpenVINO was sooner after 50 ms and after 200 ms, as in the benchmark's rounds, which is how queries come;
 - each batch in blocks, as batches come back to back: the block's first call not counted (right after another
   engine's, it pays for that engine's spinning threads, which no request to a model holding one engine pays), then
-  `BLOCK` calls, their median.
+  `BLOCK` calls (`LARGE_BLOCK` of the large batch), their median.
 A path's time at a request is the median of its samples, not the best: ONNX Runtime's short calls are bimodal on the
 VMs measured, and the best of a few samples chose by luck (MiniLM, eight loads: OpenVINO six times, ONNX Runtime
 twice). 5-6 s for MiniLM on 2 cores, attaching included, 18-33 s for a model of bert-base's size, once per
@@ -118,6 +118,7 @@ ROUNDS = 3  # rounds at least, whatever the budget
 QUERIES = 3  # timed calls of the short query per path and round, each after IDLE_S and another path's call
 IDLE_S = 0.05  # the idle moment before each short query, as benchmarks/engines.py idles (why: the module docstring)
 BLOCK = 3  # timed calls of the padded batch per block, after its first (not timed)
+LARGE_BLOCK = 1  # of the large batch: its calls are long, their spread small beside them, and they cost the load
 WARM_CALLS = 40  # untimed calls of each path and request at most, until PyTorch's kernels are chosen
 TIE = 1.02  # a path this close to the fastest, earlier in PATHS, is preferred
 ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (the module docstring)
@@ -340,8 +341,8 @@ def _time(runs: dict) -> dict:
     first (untimed calls included), read on `measure.clock`, each request timed as such requests come: the short
     query `QUERIES` times per path and round, each call after IDLE_S of sleep and after another path's call
     (balanced orders); each batch (the padded one, the large one) in a block per path and round, back to back, its
-    first call not timed (it pays for the previous path's threads), the median of the BLOCK others. A path's time at
-    a request is the median of its samples (single calls, block medians)."""
+    first call not timed (it pays for the previous path's threads), the median of the BLOCK (LARGE_BLOCK) others. A
+    path's time at a request is the median of its samples (single calls, block medians)."""
     names = list(runs)
     for calls in runs.values():
         for run in calls.values():
@@ -370,7 +371,7 @@ def _time(runs: dict) -> dict:
             for index in orders[rounds % len(orders)]:
                 run, block = runs[names[index]][request], []
                 run()
-                for _ in range(BLOCK):
+                for _ in range(BLOCK if request == "padded" else LARGE_BLOCK):
                     timed(run, block)
                 if block:
                     seconds[names[index]][request].append(statistics.median(block))
