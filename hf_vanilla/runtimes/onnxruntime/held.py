@@ -62,8 +62,8 @@ def session_over(graph: bytes, tensors: dict, threads: int):
     (`session.weights`, as ONNX Runtime asks). ONNX Runtime 1.32 copies each into memory of its own, folds the
     transpose of each projection's weight into a constant, packs that for its kernels and frees it (changing an
     array afterwards changes no answer: measured). Serialized with its weights instead, the graph's bytes stayed in
-    the Python session (which keeps them to rebuild itself) beside that copy, and the protobuf's copy made the
-    load's peak: bert-base held 1685 MiB after load instead of 992, peak 2139 instead of 1254 (docs/performance.md)."""
+    the Python session (which keeps them to rebuild itself) beside that copy, and the protobuf's copy raised the
+    load's peak (docs/performance.md, Memory)."""
     model = onnx.load_from_string(graph)
     names, values = [], []
     for value in list(model.graph.input):
