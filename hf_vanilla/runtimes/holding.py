@@ -391,8 +391,8 @@ class HeldWeights:
 def return_freed_memory() -> None:
     """Give the C heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing), once an engine is
     built: the graphs, protobufs and copies made on the way are freed, and glibc keeps most of such memory
-    resident (many blocks below its mmap threshold). ONNX Runtime's int8 session of bert-base: 2133 MiB resident
-    after load without it, 1007 with it."""
+    resident (many blocks below its mmap threshold): ONNX Runtime's int8 session of bert-base kept twice the
+    checkpoint so (docs/performance.md, Memory)."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
