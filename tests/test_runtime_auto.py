@@ -503,6 +503,8 @@ def test_fastest_answers_larger_requests_with_bf16_pytorch_beside_the_engine(gra
             first, again = (model(**inputs).last_hidden_state for _ in range(2))
         assert first.dtype == torch.float32 and torch.equal(first, again)
         assert torch.equal(first, bf16_of(model_of(), inputs)) == partner
+        with torch.inference_mode():
+            assert torch.equal(model(**inputs, return_dict=False)[0], first)
 
     other = model_of(seed=1)
     model.load_state_dict(other.state_dict())

@@ -107,7 +107,7 @@ from .attached import engine_of, take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
 from .decision import (BY_NAME, LARGE, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file,
                        encoder_of, read_decision, requests, write_decision)
-from .holding import sharing_copy
+from .holding import return_freed_memory, sharing_copy
 from .options import checked
 
 logger = logging.getLogger(__name__)
@@ -297,6 +297,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
             take_off(candidate)
     del models, runs  # the copies and their engines go now, not at some later collection
     gc.collect()
+    return_freed_memory()  # and the C heap gives back what they held
     return record
 
 

@@ -67,7 +67,7 @@ from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients,
-                      sharing_copy, tensors_of)
+                      return_freed_memory, sharing_copy, tensors_of)
 from .inspection import HOLD_METHODS, answer_for_held
 from .watch import Watch, class_code, difference, hooked, structure_of
 
@@ -226,6 +226,7 @@ class OwnedEncoder(HeldWeights, Engine):
         self.names, self.token_types = self.outputs_of(compiled)
         self.compiled, self.local = compiled, threading.local()
         self.partner = None if self.split is None else sharing_copy(self.shadow).to(torch.bfloat16)
+        return_freed_memory()  # what the build freed on the way: graphs, copies, a checked float32 compilation
 
     def pair(self, tokens: int) -> None:
         """Requests of at least `tokens` real tokens answered by eager PyTorch in bfloat16, padding-free, on a

@@ -30,7 +30,6 @@ import torch
 from onnx import helper, numpy_helper
 
 from ...precision import INT8_PRODUCTS, cpu_flags
-from ..holding import return_freed_memory
 from ..owned import OwnedEncoder
 from .engine import session_for
 
@@ -44,9 +43,7 @@ class OwnedOnnxEncoder(OwnedEncoder):
     FOLLOWS = {torch.float32: "f32"}
 
     def build(self, tensors: dict, precision: str):
-        session = (session_over if precision == "f32" else quantized_session)(self.graph, tensors, self.threads)
-        return_freed_memory()  # the graphs and copies made on the way
-        return session
+        return (session_over if precision == "f32" else quantized_session)(self.graph, tensors, self.threads)
 
     def outputs_of(self, session) -> tuple[list, bool]:
         return ([o.name for o in session.get_outputs()],
