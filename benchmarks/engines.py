@@ -34,8 +34,9 @@ Engines, each given the same number of threads (--threads, default 2):
                     cost), per request size that engine or eager PyTorch; its float32 row also says auto /
                     the fastest float32 engine (ours included), the figure auto is held to
     hf_vanilla auto fastest  the same at `precision="fastest"` (int8 and bf16 paths too, at a lowest token cosine of
-                    0.984 or more on its probe); in the any-precision table against the fastest engine of all (ours
-                    included), each one's accuracy beside
+                    0.984 or more on the built-in sentences read by --tokenizer; where bf16 is fast, bf16 PyTorch
+                    beside the chosen engine from the real tokens where the two cross); in the any-precision table
+                    against the fastest engine of all (ours included), each one's accuracy beside
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
     ORT             ONNX Runtime on our own graph (`hf_vanilla.export.export_encoder`, torch.onnx dynamo)
