@@ -203,10 +203,20 @@ def test_queries_are_timed_after_an_idle_moment_and_by_their_median(graphs, scri
 
 
 def test_a_tie_goes_to_the_path_with_fewer_restrictions(graphs, scripted_clock, monkeypatch):
-    """Within 2% of each other, PyTorch is kept over an engine holding the weights."""
+    """Within 2% of each other at every request, PyTorch is kept over an engine holding the weights."""
     scripted(monkeypatch, scripted_clock, {"pytorch": 0.101, "onnxruntime owned": 0.1})
     model = use_auto(model_of(), cache_dir=graphs)
     assert auto.auto_choice(model).runtime == "pytorch" and engine_of(model) is None
+
+
+def test_a_tie_is_within_the_rule_at_every_request_not_in_the_mean(graphs, scripted_clock, monkeypatch):
+    """ONNX Runtime holding the weights 5% slower than OpenVINO at the short query and level with it at the batches
+    (1.6% over the three requests): OpenVINO, not a tie."""
+    pytest.importorskip("openvino")
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned": {"short": 0.105, "padded": 0.1},
+                                           "openvino": {"short": 0.1, "padded": 0.1}})
+    model = use_auto(model_of(), cache_dir=graphs)
+    assert auto.auto_choice(model).runtime == "openvino"
 
 
 def test_the_decision_is_kept_and_measured_again_where_it_does_not_apply(graphs, scripted_clock, monkeypatch):
