@@ -402,8 +402,8 @@ def _split(chosen: str, models: dict, inputs: dict, effective: dict) -> dict | N
     the chosen path is not an engine holding its weights, or bf16 PyTorch led at no request after the engine led (a
     size is answered one way from its first call: the split is decided here, never on a user's calls)."""
     partner = "pytorch bf16"
-    engines = [engine_of(module) for module in models[chosen].modules()] if chosen in models else []
-    if partner not in effective or not any(hasattr(engine, "pair") for engine in engines):
+    engine = engine_of(encoder_of(models[chosen])) if chosen in models else None
+    if partner not in effective or not hasattr(engine, "pair"):
         return None
     points = sorted((int(inputs[request]["attention_mask"].sum()), effective[chosen][request],
                      effective[partner][request]) for request in inputs)

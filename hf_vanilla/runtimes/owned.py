@@ -225,7 +225,7 @@ class OwnedEncoder(HeldWeights, Engine):
             self.build(tensors_of(self.shadow), self.precision)
         self.names, self.token_types = self.outputs_of(compiled)
         self.compiled, self.local = compiled, threading.local()
-        self.partner = None if self.split is None else sharing_copy(self.shadow).to(torch.bfloat16)
+        self.partner = self._partner()
         return_freed_memory()  # what the build freed on the way: graphs, copies, a checked float32 compilation
 
     def pair(self, tokens: int) -> None:
@@ -237,7 +237,12 @@ class OwnedEncoder(HeldWeights, Engine):
         compilation (`_compile`), so it follows every change the engine follows."""
         with self.lock:
             self.split = tokens
-            self.partner = sharing_copy(self.shadow).to(torch.bfloat16)
+            self.partner = self._partner()
+
+    def _partner(self):
+        """The bfloat16 copy of the shadow that answers from `split` real tokens on, or None where nothing is
+        paired."""
+        return None if self.split is None else sharing_copy(self.shadow).to(torch.bfloat16)
 
     # ---- calls ------------------------------------------------------------------------------------------------
 
