@@ -478,7 +478,7 @@ def load_engines(models, threads, precisions, cold, sample=None):
                     **({"sample": sample} if precision == "fastest" and sample is not None else {})))
             chosen = auto_choice(models.auto[precision])
             print(f"  {models.label}: runtime='auto' at {precision!r} chose {chosen.runtime} in "
-                  f"{chosen.measured_s:.1f} s; ms 1x16 / padded 4x32 / padded 8x128, the engine's own call: "
+                  f"{chosen.measured_s:.1f} s; ms 1x16 / padded 4x32 / 8x128, the engine's own call: "
                   + ", ".join(f"{name} {ms['short']:.2f} / {ms['padded']:.2f} / {ms['large']:.2f}"
                               for name, ms in chosen.engine_ms.items())
                   + (f"; from {chosen.split['tokens']} real tokens bf16 PyTorch beside it" if chosen.split else "")

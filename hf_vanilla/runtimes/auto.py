@@ -17,9 +17,9 @@ a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model'
 OpenVINO holding them; with `precision="fastest"` their int8 forms, and where the CPU multiplies bf16 natively
 (`hf_vanilla.precision.bf16_is_fast`) OpenVINO's bf16 and eager PyTorch in bf16 (padding-free, on a bf16 copy). Each
 is attached to its own copy of the model (over the model's tensors: the weights are not copied) and timed on the
-model's encoder at one short dense row (`SHORT`), a small right-padded batch (`PADDED`) and a larger one (`LARGE`:
-where the paths' order can turn, as it did on an Intel Xeon with AMX, ONNX Runtime holding the weights level with
-OpenVINO at 1x16 and 0.76 of it at 8x128), as the engine will run them (the engine's own path; PyTorch's
+model's encoder at one short dense row (`SHORT`), a small right-padded batch (`PADDED`) and a dense 8x128 batch
+(`LARGE`: where the paths' order can turn, as it did on an Intel Xeon with AMX, ONNX Runtime holding the weights
+level with OpenVINO at 1x16 and 0.76 of it at 8x128), as the engine will run them (the engine's own path; PyTorch's
 separately), each as such requests come, in balanced orders (`measure.balanced_orders`: each path right after each
 other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed:
 - the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
