@@ -219,6 +219,21 @@ def test_a_tie_is_within_the_rule_at_every_request_not_in_the_mean(graphs, scrip
     assert auto.auto_choice(model).runtime == "openvino"
 
 
+def test_the_large_batch_is_answered_by_each_engine_itself(graphs, scripted_clock, monkeypatch):
+    """The third request is a dense batch, which every engine path answers with its engine, so the engines' order
+    at scale is seen even where PyTorch leads both at the padded batches (padding-free): ONNX Runtime holding the
+    weights 3% ahead of OpenVINO at the short query, PyTorch ahead of both at the batches, OpenVINO 10% ahead of
+    ONNX Runtime at 8x128: OpenVINO (padded, PyTorch would have answered that batch for both, and the short query
+    alone would have chosen)."""
+    pytest.importorskip("openvino")
+    assert bool(auto.requests(model_of().config)["large"]["attention_mask"].all())
+    scripted(monkeypatch, scripted_clock, {"pytorch": {"short": 0.3, "padded": 0.1, "large": 0.1},
+                                           "onnxruntime owned": {"short": 0.1, "padded": 0.2, "large": 0.22},
+                                           "openvino": {"short": 0.103, "padded": 0.2, "large": 0.2}})
+    model = use_auto(model_of(), cache_dir=graphs)
+    assert auto.auto_choice(model).runtime == "openvino"
+
+
 def test_the_decision_is_kept_and_measured_again_where_it_does_not_apply(graphs, scripted_clock, monkeypatch):
     """The second load reads the kept decision and times nothing; another CPU's flags, another version of a
     library or another thread count is another key, and measures again."""
