@@ -34,8 +34,9 @@ Engines, each given the same number of threads (--threads, default 2):
                     cost), per request size that engine or eager PyTorch; its float32 row also says auto /
                     the fastest float32 engine (ours included), the figure auto is held to
     hf_vanilla auto fastest  the same at `precision="fastest"` (int8 and bf16 paths too, at a lowest token cosine of
-                    0.984 or more on the built-in sentences read by --tokenizer; where bf16 is fast, bf16 PyTorch
-                    beside the chosen engine from the real tokens where the two cross); in the any-precision table
+                    0.984 or more on the built-in sentences read by --tokenizer; where another path leads on
+                    larger requests, it beside the chosen engine from the real tokens where the two cross); in the
+                    any-precision table
                     against the fastest engine of all (ours included), each one's accuracy beside
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
@@ -481,7 +482,8 @@ def load_engines(models, threads, precisions, cold, sample=None):
                   f"{chosen.measured_s:.1f} s; ms 1x16 / padded 4x32 / 8x128, the engine's own call: "
                   + ", ".join(f"{name} {ms['short']:.2f} / {ms['padded']:.2f} / {ms['large']:.2f}"
                               for name, ms in chosen.engine_ms.items())
-                  + (f"; from {chosen.split['tokens']} real tokens bf16 PyTorch beside it" if chosen.split else "")
+                  + (f"; from {chosen.split['tokens']} real tokens {chosen.split['path']} beside it"
+                     if chosen.split else "")
                   + "".join(f"; {name} left out: {why}" for name, why in chosen.left_out.items()), flush=True)
     if plain is not None and available("ORT"):
         models.sessions["ORT"] = ort_session(plain, threads)

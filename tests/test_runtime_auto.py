@@ -515,7 +515,7 @@ def test_fastest_answers_larger_requests_with_bf16_pytorch_beside_the_engine(gra
     model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
     chosen = auto.auto_choice(model)
     assert chosen.runtime == "onnxruntime owned int8"
-    assert chosen.split["tokens"] == 59  # 16 + 64 x 2/3: where 10 -> 50 ms and 30 -> 40 ms cross
+    assert chosen.split == {"tokens": 59, "path": "pytorch bf16"}  # 16 + 64 x 2/3: where 10 -> 50 ms, 30 -> 40 cross
     assert chosen.times_ms["pytorch bf16"]["large"] == pytest.approx(100.0)
 
     def bf16_of(weights, inputs):
@@ -542,6 +542,52 @@ def test_fastest_answers_larger_requests_with_bf16_pytorch_beside_the_engine(gra
     assert calls == [] and auto.auto_choice(again).cached and auto.auto_choice(again).split["tokens"] == 59
     with torch.inference_mode():
         assert torch.equal(again(**inputs).last_hidden_state, bf16_of(model_of(), inputs))
+
+
+def test_fastest_answers_larger_requests_with_another_engine_beside_the_first(graphs, scripted_clock, monkeypatch):
+    """int8 ONNX Runtime holding the weights scripted fastest on the short query and OpenVINO float32 on the batches
+    (bf16 not fast): the int8 engine is chosen, and from the real tokens where the two cross OpenVINO answers, over
+    the weights the first engine holds. Each input is answered one way from its first call; the partner follows a
+    load_state_dict and a deep copy; a second load reads the split back without measuring."""
+    pytest.importorskip("openvino")
+    monkeypatch.setattr(auto, "bf16_is_fast", lambda: False)
+    monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
+    calls = []
+    scripted(monkeypatch, scripted_clock, {"onnxruntime owned int8": SPLIT_COSTS["onnxruntime owned int8"],
+                                           "openvino": SPLIT_COSTS["pytorch bf16"]}, calls)
+    model = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    chosen = auto.auto_choice(model)
+    assert chosen.runtime == "onnxruntime owned int8"
+    assert chosen.split == {"tokens": 59, "path": "openvino"}
+    assert engine_of(vars(model)["forward"].partner) == "OpenVinoEncoder"
+
+    def float32_of(weights, inputs):
+        with torch.inference_mode():
+            return weights(**inputs).last_hidden_state
+
+    for tokens, partner in ((58, False), (59, True), (64, True)):
+        inputs, real = rows_of(tokens), rows_of(tokens)["attention_mask"].bool()
+        with torch.inference_mode():
+            first, again = (model(**inputs).last_hidden_state for _ in range(2))
+        if partner:  # a float32 engine: its own per-size choice may answer the first call by PyTorch, within the rule
+            assert_close(again[real], first[real])
+        else:
+            assert torch.equal(first, again)
+        expected = float32_of(model_of(), inputs)[real]
+        within = bool(((first[real] - expected).abs() <= 1e-5 * expected.abs().max().clamp(min=1.0)).all())
+        assert within == partner  # OpenVINO float32 within the float32 rule, int8 outside it
+    for copy in (model, __import__("copy").deepcopy(model)):
+        copy.load_state_dict(model_of(seed=1).state_dict())
+        inputs = rows_of(64)
+        with torch.inference_mode():
+            got = copy(**inputs).last_hidden_state
+        assert_close(got[inputs["attention_mask"].bool()],
+                     float32_of(model_of(seed=1), inputs)[inputs["attention_mask"].bool()])
+
+    calls.clear()
+    again = use_auto(model_of(), precision="fastest", cache_dir=graphs, sample=PLAIN)
+    assert calls == [] and auto.auto_choice(again).cached and auto.auto_choice(again).split == chosen.split
+    assert engine_of(vars(again)["forward"].partner) == "OpenVinoEncoder"
 
 
 def test_fastest_runs_bf16_pytorch_alone_where_it_leads_everywhere(graphs, scripted_clock, monkeypatch):

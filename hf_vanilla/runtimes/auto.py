@@ -46,12 +46,13 @@ chosen engine is attached to the model, and the per-size decisions of the measur
 (`MeasuredChoice.decide`): other sizes are measured by the engine as they come, as with any runtime (float32 engines
 only: an engine at int8 or bf16 answers every request it computes, hf_vanilla/runtimes/choice.py).
 
-Per size, at "fastest". Where bf16 is fast, bf16 PyTorch (padding-free) leads on batches and an engine on short
-queries (Intel Xeon with AMX, bert-base, 2 threads: OpenVINO int8 10.6 ms at 1x16 against bf16 PyTorch's 24.0; at
-8x128, 410 ms against 222). So where an engine holding the weights is chosen, requests from the real token count
-where its measured times and bf16 PyTorch's cross (`_split`) go to bf16 PyTorch beside the engine
-(`OwnedEncoder.pair`): decided here, by real tokens, so an input is answered one way from
-its first call. Where bf16 PyTorch leads at every request, the model runs in bf16 alone.
+Per size, at "fastest". The path that leads on short queries often does not lead on batches (Intel Xeon with AMX,
+bert-base: OpenVINO int8 10.6 ms at 1x16 against bf16 PyTorch's 24.0, 410 ms at 8x128 against 222; AVX2-only EPYC,
+MiniLM: OpenVINO float32 5.4 ms at 1x16 against ONNX Runtime int8's 9.4, 145 at 8x128 against 114). So where an
+engine holding the weights is chosen, requests from the real tokens where its times and another path's cross
+(`_split`) go to that path beside it (`OwnedEncoder.pair`; an engine there holds a second form of the weights),
+decided here, by real tokens: an input is answered one way from its first call. Where bf16 PyTorch leads at every
+request, the model runs in bf16 alone.
 
 The accuracy rule of `precision="fastest"`. A path below float32 (int8, bf16) is a candidate only where its lowest
 per-token cosine against float32 PyTorch, on real text run through the model's own weights, is at least
@@ -88,6 +89,7 @@ the weights) or none. `runtime=None` stays eager PyTorch: auto measures for seco
 engine, which an existing caller did not ask for.
 """
 
+import functools
 import gc
 import importlib.util
 import logging
@@ -106,7 +108,7 @@ from .accuracy import lowest_cosine, sample_batches
 from .attached import engine_of, take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
 from .decision import (BY_NAME, LARGE, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file,
-                       encoder_of, read_decision, requests, write_decision)
+                       encoder_of, partner_of, read_decision, requests, write_decision)
 from .holding import return_freed_memory, sharing_copy
 from .options import checked
 
@@ -208,9 +210,10 @@ def _attach(model, record: AutoChoice, threads: int, cache_dir, apply_runtime) -
         apply_runtime(model, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
         _keep_sizes(model, record)
         if record.split is not None:
+            make = functools.partial(partner_of, record.split["path"], threads, cache_dir, apply_runtime)
             for module in model.modules():
                 if hasattr(engine_of(module), "pair"):
-                    engine_of(module).pair(record.split["tokens"])
+                    engine_of(module).pair(record.split["tokens"], make)
     elif path.precision == "bf16":  # eager PyTorch in bfloat16, every request
         model.to(torch.bfloat16)
 
@@ -285,7 +288,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     times = _time(runs)
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
     chosen, margin = _choose(effective)
-    split = _split(chosen, models, inputs, effective)
+    split = _split(chosen, precision, models, inputs, effective)
     record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, sample if accuracy else "",
                         left_out, time.perf_counter() - started, _cpu(), margin,
                         margin is None or margin >= NOISE, False, None, split)
@@ -394,25 +397,32 @@ def _effective(name: str, request: str, times: dict) -> float:
     return times[name][request] if pytorch >= CHOICE_MIN_GAIN * times[name][request] else pytorch
 
 
-def _split(chosen: str, models: dict, inputs: dict, effective: dict) -> dict | None:
-    """From how many real tokens bf16 PyTorch ("pytorch bf16", padding-free) answers beside the chosen engine
-    (`OwnedEncoder.pair`), or None. Over the measured requests in order of real tokens, at the first where bf16
-    PyTorch was faster (by `TIE`) with the engine faster at the one before, the split is where the two times, each
-    taken as linear in real tokens between those two requests, cross. None where there is no bf16 PyTorch candidate,
-    the chosen path is not an engine holding its weights, or bf16 PyTorch led at no request after the engine led (a
-    size is answered one way from its first call: the split is decided here, never on a user's calls)."""
-    partner = "pytorch bf16"
+def _split(chosen: str, precision: str, models: dict, inputs: dict, effective: dict) -> dict | None:
+    """{"tokens": n, "path": name}: from how many real tokens path `name` answers beside the chosen engine
+    (`OwnedEncoder.pair`), or None. For each other path, over the measured requests in order of real tokens, at the
+    first where it was faster (by `TIE`) with the engine faster at the one before, its split is where the two times,
+    each taken as linear in real tokens between those two requests, cross; of the paths with one, the fastest at the
+    largest request. None at float32 (`precision="fastest"` alone trades memory for it), where the chosen path is not
+    an engine holding its weights, or no path leads from some request on (a size is answered one way from its first
+    call: the split is decided here, never on a user's calls)."""
     engine = engine_of(encoder_of(models[chosen])) if chosen in models else None
-    if partner not in effective or not hasattr(engine, "pair"):
+    if precision != "fastest" or not hasattr(engine, "pair"):
         return None
-    points = sorted((int(inputs[request]["attention_mask"].sum()), effective[chosen][request],
-                     effective[partner][request]) for request in inputs)
-    for (before, engine_before, bf16_before), (n, engine, bf16) in zip(points, points[1:]):
-        if bf16 * TIE < engine and bf16_before * TIE >= engine_before:
-            lead_before, lead = engine_before - bf16_before, engine - bf16  # bf16's lead, <= 0 then > 0
-            cross = before + (n - before) * -lead_before / (lead - lead_before)
-            return {"tokens": min(n, max(before + 1, math.ceil(cross)))}
-    return None
+    splits = {}
+    for partner in (name for name in effective if name != chosen):
+        points = sorted((int(inputs[request]["attention_mask"].sum()), effective[chosen][request],
+                         effective[partner][request]) for request in inputs)
+        for (before, engine_before, other_before), (n, engine, other) in zip(points, points[1:]):
+            if other * TIE < engine and other_before * TIE >= engine_before:
+                lead_before, lead = engine_before - other_before, engine - other  # its lead, <= 0 then > 0
+                cross = before + (n - before) * -lead_before / (lead - lead_before)
+                splits[partner] = min(n, max(before + 1, math.ceil(cross)))
+                break
+    if not splits:
+        return None
+    largest = max(inputs, key=lambda request: int(inputs[request]["attention_mask"].sum()))
+    partner = min(splits, key=lambda name: effective[name][largest])
+    return {"tokens": splits[partner], "path": partner}
 
 
 def _choose(effective: dict) -> tuple[str, float | None]:

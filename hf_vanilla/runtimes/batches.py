@@ -42,7 +42,7 @@ def serve(config, arguments: dict, token_types: bool, decisions, engine, pytorch
         engine(request, dense)  (run, output names, dtype): `run(feeds) -> [arrays]` its call, `dense` for a request
                                 without padding of a size decided for the engine (its fastest call)
         partner                 (tokens, call): requests of at least `tokens` real tokens answered by `call()`, the
-                                engine's bfloat16 partner (`OwnedEncoder.pair`); None: no partner
+                                engine's partner (`OwnedEncoder.pair`); None: no partner
     """
     feeds = request_feeds(config, arguments, token_types)
     request = None if feeds is None else feeds if prepare is None else prepare(feeds)

@@ -23,7 +23,7 @@ PyTorch's, each block's first call a warm-up (a call right after the other path'
 until each has `CHOICE_CALLS` counted, and the size runs the engine only if PyTorch's median is at least
 `CHOICE_MIN_GAIN` times its own. The loser then ran at most five times, each less than half a call slower (1.25).
 
-An engine may have a bfloat16 partner (`OwnedEncoder.pair`, chosen by `runtime="auto"` at `precision="fastest"`):
+An engine may have a partner (`OwnedEncoder.pair`, chosen by `runtime="auto"` at `precision="fastest"`):
 requests of at least its `split` real tokens go to it, unmeasured, decided by the request alone.
 
 PyTorch's calls are timed with the kernel choice pinned (`hf_vanilla.kernels.pinned`): products whose kernel is
@@ -76,7 +76,7 @@ def key_of(rows: int, tokens: int) -> tuple:
 def route(decisions: measure.MeasuredChoice | None, mask: np.ndarray,
           split: int | None = None) -> tuple[str, tuple | None]:
     """Which path answers a request whose attention mask is `mask`, decided here once per call for every engine:
-    (path, None) where the request is not measured ("partner": the engine's bfloat16 partner, for a request of
+    (path, None) where the request is not measured ("partner": the engine's partner, for a request of
     `split` real tokens or more, where the engine has one, `OwnedEncoder.pair`; "dense": the engine's fastest call,
     for a request without padding; "engine"; "pytorch"), the engine whenever `decisions` is None (an engine at a
     reduced precision, `compared`) or `CHOICE` says so; (path, key) while `decisions` still measures the size:

@@ -30,11 +30,12 @@ import transformers
 from ..precision import cpu_flags, cpu_name, cpu_vendor
 from ..version import __version__
 from .accuracy import digest
+from .holding import sharing_copy
 
 logger = logging.getLogger(__name__)
 
 
-FORMAT = 5  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
+FORMAT = 6  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
 # Eight rows of 128 tokens, no padding: a batch of a corpus embedded in length order, as sentence-transformers sorts
@@ -74,6 +75,15 @@ PATHS = (
 BY_NAME = {path.name: path for path in PATHS}
 
 
+def partner_of(name: str, threads: int, cache_dir, apply_runtime, shadow):
+    """What answers beside an engine from its split (`OwnedEncoder.pair`, as runtime="auto" pairs them): path `name`
+    on a copy of the engine's shadow over its tensors, eager PyTorch in the path's dtype or the path's engine."""
+    path, copy = BY_NAME[name], sharing_copy(shadow)
+    if path.runtime is None:
+        return copy.to(torch.bfloat16 if path.precision == "bf16" else torch.float32)
+    return apply_runtime(copy, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
+
+
 @dataclasses.dataclass
 class AutoChoice:
     """What `runtime="auto"` chose for a model, and from what (`auto_choice(model)`)."""
@@ -91,8 +101,8 @@ class AutoChoice:
     settled: bool  # False: the margin was within NOISE, and the next load measures again once
     cached: bool  # True where this process read the decision from the file instead of measuring
     file: str | None  # the JSON file the decision is kept in (None: no writable cache folder)
-    split: dict | None = None  # {"tokens": n}: requests of n real tokens or more answered by
-    # "pytorch bf16" beside the chosen engine (hf_vanilla/runtimes/auto.py, `_split`); None: the chosen path alone
+    split: dict | None = None  # {"tokens": n, "path": name}: requests of n real tokens or more answered by path
+    # `name` beside the chosen engine (hf_vanilla/runtimes/auto.py, `_split`); None: the chosen path alone
 
 
 def requests(config) -> dict:
@@ -198,8 +208,8 @@ def read_decision(file, paths: list) -> dict | None:
 
 
 def _split_ok(split) -> bool:
-    return isinstance(split, dict) and set(split) == {"tokens"} and type(split["tokens"]) is int \
-        and split["tokens"] >= 1
+    return isinstance(split, dict) and set(split) == {"tokens", "path"} and type(split["tokens"]) is int \
+        and split["tokens"] >= 1 and split["path"] in BY_NAME
 
 
 def _bytes(file) -> bytes:

@@ -93,7 +93,8 @@ class OwnedEncoder(HeldWeights, Engine):
         self.lock = threading.RLock()  # one rebuild at a time; calls check the body under it
         self.local = threading.local()  # per-thread state of the compiled engine (OpenVINO's infer requests)
         self.choice = choice.engine_or_pytorch(self.RUNTIME)
-        self.split, self.partner = None, None  # `pair`: from how many real tokens the bf16 partner answers, and it
+        # `pair`: from how many real tokens the partner answers, what makes it from the shadow, and the partner
+        self.split, self.make_partner, self.partner = None, None, None
         self.unfollowed = {}  # dtype -> the refusal of a move to it the engine cannot compile (`_move`)
         self._take()
 
@@ -228,21 +229,20 @@ class OwnedEncoder(HeldWeights, Engine):
         self.partner = self._partner()
         return_freed_memory()  # what the build freed on the way: graphs, copies, a checked float32 compilation
 
-    def pair(self, tokens: int) -> None:
-        """Requests of at least `tokens` real tokens answered by eager PyTorch in bfloat16, padding-free, on a
-        bfloat16 copy of the held weights (`partner`), the others by the engine: what `runtime="auto"` chooses at
-        `precision="fastest"` where the CPU multiplies bf16 natively and the engine leads on short requests only
-        (hf_vanilla/runtimes/auto.py, `_split`). Which path answers depends on the request's real tokens alone, so an
-        input is answered one way from its first call. The partner is derived from the shadow: made again at every
-        compilation (`_compile`), so it follows every change the engine follows."""
+    def pair(self, tokens: int, make) -> None:
+        """Requests of at least `tokens` real tokens answered by a partner, the others by the engine: what
+        `runtime="auto"` chooses at `precision="fastest"` where another path leads on larger requests only
+        (hf_vanilla/runtimes/auto.py, `_split`). `make(shadow)` makes the partner from the shadow without copying its
+        weights: eager PyTorch in bfloat16 (padding-free), or another engine over them. Which path answers depends on
+        the request's real tokens alone, so an input is answered one way from its first call. The partner is made
+        again at every compilation (`_compile`), so it follows every change the engine follows."""
         with self.lock:
-            self.split = tokens
+            self.split, self.make_partner = tokens, make
             self.partner = self._partner()
 
     def _partner(self):
-        """The bfloat16 copy of the shadow that answers from `split` real tokens on, or None where nothing is
-        paired."""
-        return None if self.split is None else sharing_copy(self.shadow).to(torch.bfloat16)
+        """The module that answers from `split` real tokens on, or None where nothing is paired."""
+        return None if self.split is None else self.make_partner(self.shadow)
 
     # ---- calls ------------------------------------------------------------------------------------------------
 
@@ -278,14 +278,15 @@ class OwnedEncoder(HeldWeights, Engine):
         return Watch(self.unit, list(self.unit._parameters.values()))
 
     def _pytorch(self, args, kwargs, partner: bool = False):
-        """The shadow's answer: eager PyTorch on the engine's own copy of the weights; with `partner`, its bfloat16
-        partner's (`pair`), in the engine's dtype as the engine's own answer is."""
+        """The shadow's answer: eager PyTorch on the engine's own copy of the weights; with `partner`, its partner's
+        (`pair`: its own forward, an engine's where one stands in front of it), in the engine's dtype as the engine's
+        own answer is."""
         with self.lock:
             self._follow()
             module, dtype = self.partner if partner else self.shadow, self.dtype
-        output = type(module).forward(module, *args, **kwargs)
         if not partner:
-            return output
+            return type(module).forward(module, *args, **kwargs)
+        output = module.forward(*args, **kwargs)
         if isinstance(output, tuple):  # return_dict=False
             return tuple(_in_dtype(value, dtype) for value in output)
         for name, value in output.items():
