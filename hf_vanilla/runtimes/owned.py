@@ -296,11 +296,8 @@ class OwnedEncoder(HeldWeights, Engine):
     def _follow(self) -> None:
         """Follow or refuse whatever changed in the body since the last call (the module docstring)."""
         unit = self.unit
-        fresh = self.compiled is None
-        if fresh:  # unpickled or deep-copied: compile from the shadow's tensors, then check the model as it is now
-            self.code = class_code(unit)
-            self._compile()
-            self._expose()
+        if self.compiled is None:  # unpickled or deep-copied: held again, then the model as it is now checked
+            self._hold_again()
         elif self.watch.unchanged():
             return
         if structure_of(unit) != self.structure or class_code(unit) != self.code:
@@ -327,6 +324,12 @@ class OwnedEncoder(HeldWeights, Engine):
         if marker.dtype != self.dtype:  # model.to(torch.bfloat16) or .float(): follow
             self._move(marker.dtype)
         self.watch = self._watch()
+
+    def _hold_again(self) -> None:
+        """After a pickle or a deep copy: compiled from the shadow's tensors and shown in the body again."""
+        self.code = class_code(self.unit)
+        self._compile()
+        self._expose()
 
     def _move(self, dtype: torch.dtype) -> None:
         """Follow `model.to(dtype)`: compiled at the precision the engine computes that dtype in from the weights as
@@ -377,6 +380,8 @@ class OwnedEncoder(HeldWeights, Engine):
         them, and the mismatches are reported in PyTorch's own words by the same raise. Every path then answers the
         model as PyTorch left it, never the old weights on one path and the new on another."""
         with self.lock:
+            if self.compiled is None:  # unpickled or deep-copied, not called yet: what a call would do first
+                self._hold_again()
             if structure_of(self.unit) != self.structure:  # a module replaced: its keys go to it, not the shadow
                 self._retake()
             own = self.shadow.state_dict()
