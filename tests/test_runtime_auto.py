@@ -15,9 +15,11 @@
   the fix.
 """
 
+import copy
 import itertools
 import json
 import os
+import pickle
 import signal
 
 import pytest
@@ -548,7 +550,7 @@ def test_fastest_answers_larger_requests_with_another_engine_beside_the_first(gr
     """int8 ONNX Runtime holding the weights scripted fastest on the short query and OpenVINO float32 on the batches
     (bf16 not fast): the int8 engine is chosen, and from the real tokens where the two cross OpenVINO answers, over
     the weights the first engine holds. Each input is answered one way from its first call; the partner follows a
-    load_state_dict and a deep copy; a second load reads the split back without measuring."""
+    load_state_dict, a deep copy and a pickle; a second load reads the split back without measuring."""
     pytest.importorskip("openvino")
     monkeypatch.setattr(auto, "bf16_is_fast", lambda: False)
     monkeypatch.setattr(auto, "ACCURACY_FLOOR", -1.0)
@@ -576,11 +578,11 @@ def test_fastest_answers_larger_requests_with_another_engine_beside_the_first(gr
         expected = float32_of(model_of(), inputs)[real]
         within = bool(((first[real] - expected).abs() <= 1e-5 * expected.abs().max().clamp(min=1.0)).all())
         assert within == partner  # OpenVINO float32 within the float32 rule, int8 outside it
-    for copy in (model, __import__("copy").deepcopy(model)):
-        copy.load_state_dict(model_of(seed=1).state_dict())
+    for served in (model, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        served.load_state_dict(model_of(seed=1).state_dict())
         inputs = rows_of(64)
         with torch.inference_mode():
-            got = copy(**inputs).last_hidden_state
+            got = served(**inputs).last_hidden_state
         assert_close(got[inputs["attention_mask"].bool()],
                      float32_of(model_of(seed=1), inputs)[inputs["attention_mask"].bool()])
 

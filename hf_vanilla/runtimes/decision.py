@@ -77,11 +77,13 @@ BY_NAME = {path.name: path for path in PATHS}
 
 def partner_of(name: str, threads: int, cache_dir, apply_runtime, shadow):
     """What answers beside an engine from its split (`OwnedEncoder.pair`, as runtime="auto" pairs them): path `name`
-    on a copy of the engine's shadow over its tensors, eager PyTorch in the path's dtype or the path's engine."""
+    on a copy of the engine's shadow over its tensors, eager PyTorch in the path's dtype or the path's engine (on
+    float32 weights, whatever dtype the shadow followed the model to: each path computes at its own precision)."""
     path, copy = BY_NAME[name], sharing_copy(shadow)
     if path.runtime is None:
         return copy.to(torch.bfloat16 if path.precision == "bf16" else torch.float32)
-    return apply_runtime(copy, path.runtime, threads=threads, cache_dir=cache_dir, **dict(path.options))
+    return apply_runtime(copy.to(torch.float32), path.runtime, threads=threads, cache_dir=cache_dir,
+                         **dict(path.options))
 
 
 @dataclasses.dataclass
