@@ -405,13 +405,13 @@ def _split(chosen: str, precision: str, models: dict, inputs: dict, effective: d
     largest request. None at float32 (`precision="fastest"` alone trades memory for it), where the chosen path is not
     an engine holding its weights, or no path leads from some request on (a size is answered one way from its first
     call: the split is decided here, never on a user's calls)."""
-    engine = engine_of(encoder_of(models[chosen])) if chosen in models else None
-    if precision != "fastest" or not hasattr(engine, "pair"):
+    held = engine_of(encoder_of(models[chosen])) if chosen in models else None
+    if precision != "fastest" or not hasattr(held, "pair"):
         return None
-    splits = {}
+    tokens = {request: int(inputs[request]["attention_mask"].sum()) for request in inputs}
+    ours, splits = effective[chosen], {}
     for partner in (name for name in effective if name != chosen):
-        points = sorted((int(inputs[request]["attention_mask"].sum()), effective[chosen][request],
-                         effective[partner][request]) for request in inputs)
+        points = sorted((tokens[request], ours[request], effective[partner][request]) for request in tokens)
         for (before, engine_before, other_before), (n, engine, other) in zip(points, points[1:]):
             if other * TIE < engine and other_before * TIE >= engine_before:
                 lead_before, lead = engine_before - other_before, engine - other  # its lead, <= 0 then > 0
@@ -420,7 +420,7 @@ def _split(chosen: str, precision: str, models: dict, inputs: dict, effective: d
                 break
     if not splits:
         return None
-    largest = max(inputs, key=lambda request: int(inputs[request]["attention_mask"].sum()))
+    largest = max(tokens, key=tokens.get)
     partner = min(splits, key=lambda name: effective[name][largest])
     return {"tokens": splits[partner], "path": partner}
 
