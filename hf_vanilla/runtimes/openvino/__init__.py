@@ -26,9 +26,9 @@ def use_openvino(model, precision: str = "f32", threads: int | None = None, cach
     for "f32" and "int8"), the weights held by the engine, and return `model`. `threads`: OpenVINO's (default
     torch's `get_num_threads()`). `cache_dir`: where traced graphs are kept (the ONNX Runtime engine's cache:
     $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx). `static_shapes`: how many request shapes of at most
-    STATIC_TOKENS (128) tokens may get a compilation of their own, each at the second request of that shape (faster on
-    short requests, at the memory of the projections' weights again each: engine.py); 0, none. Calling it again
-    compiles the model as it is."""
+    STATIC_TOKENS (128) tokens may get a compilation of their own, each at the second request of that shape; none by
+    default (faster on short requests of one repeated shape, but each stalls the request that compiles it and holds
+    the projections' weights again: engine.py). Calling it again compiles the model as it is."""
     checked("use_openvino", precision, OpenVinoEncoder.PRECISIONS, threads, cache_dir, static_shapes=static_shapes)
     return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino", static_shapes=static_shapes)
 

@@ -5,15 +5,18 @@ What OpenVINO adds. It compiles the graph with the weights as constants, laid ou
 AMD Zen 5 it won every size of benchmarks/engines.py at float32, padded batches included (docs/performance.md).
 The dense request of a size decided for it is written straight into the output's memory (`run_dense`).
 
-Shapes of their own. OpenVINO runs a graph whose input shapes are fixed at compile time faster than one that takes
-any shape: with the shapes fixed it infers them and plans its memory once, not at each call. On AMD Zen 5 a request
-of 16 tokens ran 0.3-0.6 ms sooner (MiniLM 2.46 ms against 2.76 after an idle gap, bert-base 11.7 against 12.3),
-with identical outputs; the gain is about that much at any size, so it counts only on small requests. So a dense
-request of at most STATIC_TOKENS tokens gets a compilation of its own (B, T) the second time that shape comes (0.2 s
-for MiniLM, 0.5 s for bert-base, paid by that request), for up to `static_shapes` shapes. Each costs its kernels'
-layout of the projections' weights again (MiniLM +53 MB, bert-base +341 MB at float32, measured): the constants read
-the shadow's memory rather than copies. They are derived state like the engine's own compilation, dropped with it at
-every recompilation (`_compile`), never pickled.
+Shapes of their own, on request. OpenVINO runs a graph whose input shapes are fixed at compile time faster than one
+that takes any shape: with the shapes fixed it infers them and plans its memory once, not at each call (0.3-1.2 ms
+at 16 tokens, identical outputs: MiniLM 1x16 8-11% sooner, bert-base 5%, AMD EPYC Zen 3; 5-15% on Zen 5). With
+`static_shapes=N`, a dense request of at most STATIC_TOKENS tokens gets a compilation of its own (B, T) the second
+time that shape comes, for up to N shapes. Off by default: that compilation stalls the request that pays it (0.2 s
+for MiniLM, 0.5 s for bert-base: the first ten requests of the shape took 5x and 3x their time), each costs its
+kernels' layout of the projections' weights again (MiniLM +53 MB, bert-base +341 MB at float32: the constants read
+the shadow's memory rather than copies), and it repays the stall only after some 400 requests of that very (batch,
+length), which requests of varied lengths never reach. Compiled on a thread beside the requests instead, it made
+the requests meanwhile 2-4x slower (MiniLM, 2 cores: four requests 50 ms apart took 25 ms each against 6, 23 back to
+back 12 ms against 5). Worth it for a service whose requests all have one short shape. The compilations are
+derived state like the engine's own, dropped with it at every recompilation (`_compile`), never pickled.
 
 Precisions. "f32"; "bf16" (OpenVINO computes in bfloat16, as it does by default on a CPU with bf16 products, from
 the weights as the model holds them: a float32 model's stay float32 in the shadow, which saves them and runs
@@ -46,10 +49,10 @@ from ..owned import OwnedEncoder
 
 # Input channels per activation scale in OpenVINO's int8 products (the module docstring: measured, not OpenVINO's 32).
 INT8_GROUP = 128
-# Dense requests of at most STATIC_TOKENS tokens (batch x length) get a compilation of their own shape, from the second
-# request of that shape on, for up to `static_shapes` shapes per engine (use_openvino's option, STATIC_SHAPES by
-# default): the module docstring says what it gains and costs.
-STATIC_TOKENS, STATIC_SHAPES = 128, 2
+# With `static_shapes=N` (use_openvino's option; STATIC_SHAPES, none, by default), dense requests of at most
+# STATIC_TOKENS tokens (batch x length) get a compilation of their own shape from the second request of that shape
+# on, for up to N shapes: the module docstring says what it gains and costs.
+STATIC_TOKENS, STATIC_SHAPES = 128, 0
 
 
 class OpenVinoEncoder(OwnedEncoder):
