@@ -659,7 +659,8 @@ def test_openvino_compiles_a_short_dense_shape_of_its_own_and_drops_it_with_the_
     """A dense request of at most STATIC_TOKENS tokens gets a compilation of its own (B, T) at the second request of
     that shape, for up to `static_shapes` shapes: its answers are PyTorch's within the float32 rule, from any
     thread; new weights (load_state_dict) drop it with the engine's own compilation, and the next ones answer the new
-    weights; a copy or a pickle starts without; static_shapes=0 compiles none, and a bad value is refused."""
+    weights; a copy or a pickle starts without; by default (static_shapes=0) it compiles none, so no request waits
+    for a compilation, and a bad value is refused."""
     pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra: pip install -e '.[openvino]'")
     import pickle
     from concurrent.futures import ThreadPoolExecutor
@@ -706,7 +707,7 @@ def test_openvino_compiles_a_short_dense_shape_of_its_own_and_drops_it_with_the_
     check(model, plain, short, times=3)
     assert list(engine.static) == [(1, 9)]
 
-    none = use_openvino(copy.deepcopy(plain), cache_dir=graphs, static_shapes=0)
+    none = use_openvino(copy.deepcopy(plain), cache_dir=graphs)
     check(none, plain, short, times=3)
     assert none.forward.static == {}
     for bad in (-1, 1.5, True):
