@@ -339,14 +339,13 @@ def _accuracy(models: dict, batches: list | None, left_out: dict, sample: str) -
 
 
 def _time(runs: dict) -> dict:
-    """{path: {request: median seconds}}: each path's first calls untimed (a compilation of the request's own shape
-    comes at the second: OpenVINO's `static_shapes`; PyTorch's first calls of a shape time its matrix kernels, and
-    a call that did is not counted), then rounds, at least ROUNDS and until BUDGET_S seconds have passed since the
-    first (untimed calls included), read on `measure.clock`, each request timed as such requests come: the short
-    query `QUERIES` times per path and round, each call after IDLE_S of sleep and after another path's call
-    (balanced orders); each batch (the padded one, the large one) in a block per path and round, back to back, its
-    first call not timed (it pays for the previous path's threads), the median of the BLOCK (LARGE_BLOCK) others. A
-    path's time at a request is the median of its samples (single calls, block medians)."""
+    """{path: {request: median seconds}}: each path's first calls untimed (PyTorch's first calls of a shape time its
+    matrix kernels, and a call that did is not counted), then rounds, at least ROUNDS and until BUDGET_S seconds have
+    passed since the first (untimed calls included), read on `measure.clock`, each request timed as such requests come:
+    the short query `QUERIES` times per path and round, each call after IDLE_S of sleep and after another path's call
+    (balanced orders); each batch (the padded one, the large one) in a block per path and round, back to back, its first
+    call not timed (it pays for the previous path's threads), the median of the BLOCK (LARGE_BLOCK) others. A path's
+    time at a request is the median of its samples (single calls, block medians)."""
     names = list(runs)
     for calls in runs.values():
         for run in calls.values():
