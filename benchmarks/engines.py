@@ -36,8 +36,7 @@ Engines, each given the same number of threads (--threads, default 2):
     hf_vanilla auto fastest  the same at `precision="fastest"` (int8 and bf16 paths too, at a lowest token cosine of
                     0.984 or more on the built-in sentences read by --tokenizer; where another path leads on
                     larger requests, it beside the chosen engine from the real tokens where the two cross); in the
-                    any-precision table against the fastest engine of all (ours included), each one's accuracy
-                    beside
+                    any-precision table against the fastest engine of all (ours included), each one's accuracy beside
     hf_vanilla compiled  generation only: ours with transformers' compiled decoding (`cache_implementation="static"`
                     and a `compile_config`, torch.compile of the decoding step; --no-compile leaves it out)
     ORT             ONNX Runtime on our own graph (`hf_vanilla.export.export_encoder`, torch.onnx dynamo)
