@@ -213,11 +213,15 @@ def torch_encoder(name, model, input_ids, attention_mask, precision="fp32"):
     return Engine(name, precision, run)
 
 
-def ort_session(path, threads):
+def ort_session(path, threads, spinning=True):
+    """ONNX Runtime's session as a user makes it; `spinning=False`: its pool's threads sleep as soon as a call ends
+    (by default they spin for tens of milliseconds, waiting for the next)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

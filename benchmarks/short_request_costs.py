@@ -4,7 +4,7 @@ on the real MiniLM-L6 at 1x16 tokens in float32, the case where ours trails the 
 
     taskset -c 0,1 python benchmarks/short_request_costs.py      # about 2 minutes
 
-Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first table. Two readings:
+Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first table. Three readings:
 
 1. **What ran before.** ONNX Runtime's short calls are bimodal on the VM measured, 3 ms or 8.5-9 ms: nearly always
    fast when its own last call was 50 ms before, often slow when it was 0.1-0.5 s before or when another pool's
@@ -15,11 +15,16 @@ Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first tabl
 2. **Our call taken apart**, in rounds: OpenVINO alone on the engine's compilation (the call the engine makes),
    then with the request's checks (`batches.request_feeds`), the ownership check (`_follow`:
    hf_vanilla/runtimes/watch.py), the output class (`module_output`), and the whole call through the model.
+3. **What a fast call after idle costs.** Each engine alone in a process of its own, called every 50 ms: ONNX
+   Runtime as made by default, whose pool's threads spin for tens of milliseconds after a call (the core stays
+   awake for the next one), the same with the spinning off, and OpenVINO, whose pool sleeps at once; with the CPU
+   time each spends per call, the idle included.
 
 Medians in ms [interquartile range], the CPU named in the header.
 """
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -81,25 +86,40 @@ def contenders(directory: Path, threads: int):
     return calls, engine, (input_ids, attention_mask)
 
 
-def alone(path: Path, threads: int, count: int) -> list:
-    """Seconds per ONNX Runtime call in a process of its own (no other thread pool), `count` calls ~0.5 s apart."""
-    command = [sys.executable, __file__, "--alone", str(path), "--threads", str(threads), "--rounds", str(count)]
+def alone(path: Path, threads: int, count: int, engine: str = "onnxruntime",
+          gap: float = SETTLE + ROUND_IDLE + 2 * SETTLE) -> dict:
+    """`engine` (one of ALONE) in a process of its own (no other thread pool), `count` calls `gap` seconds apart:
+    {"seconds": per call, "cpu": the process's CPU seconds per call, the gap included}. The default gap is what a
+    round of the three contenders takes around each call."""
+    command = [sys.executable, __file__, "--alone", str(path), "--engine", engine, "--gap", str(gap),
+               "--threads", str(threads), "--rounds", str(count)]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
 
-def alone_child(path: str, threads: int, count: int) -> None:
-    session = ort_session(path, threads)
+# What runs alone: ONNX Runtime as made by default (its pool spins between calls), with its pool's spinning off, and
+# OpenVINO on the plain graph (its pool sleeps as soon as a call ends).
+ALONE = {"onnxruntime": "ONNX Runtime (its default: the pool spins after a call)",
+         "onnxruntime, no spinning": "ONNX Runtime, `session.intra_op.allow_spinning=0`",
+         "openvino": "OpenVINO f32"}
+
+
+def alone_child(path: str, engine: str, gap: float, threads: int, count: int) -> None:
     input_ids = torch.tensor(REQUEST)
     feeds = graph_feeds(["input_ids", "attention_mask", "token_type_ids"], input_ids, torch.ones_like(input_ids))
+    if engine == "openvino":
+        request = openvino_compile(path, threads, "f32").create_infer_request()
+        run = functools.partial(request.infer, feeds)
+    else:
+        run = functools.partial(ort_session(path, threads, spinning=engine == "onnxruntime").run, None, feeds)
     for _ in range(5):
-        session.run(None, feeds)
-    times = []
+        run()
+    times, cpu = [], time.process_time()
     for _ in range(count):
-        time.sleep(SETTLE + ROUND_IDLE + 2 * SETTLE)  # what a round of the three contenders takes around each call
+        time.sleep(gap)
         start = time.perf_counter()
-        session.run(None, feeds)
+        run()
         times.append(time.perf_counter() - start)
-    print(json.dumps(times))
+    print(json.dumps({"seconds": times, "cpu": (time.process_time() - cpu) / count}))
 
 
 def stages(engine, inputs):
@@ -170,7 +190,7 @@ def text(seconds: list) -> str:
 def main(args):
     torch.set_num_threads(args.threads)
     if args.alone:
-        return alone_child(args.alone, args.threads, args.rounds)
+        return alone_child(args.alone, args.engine, args.gap, args.threads, args.rounds)
     print("\n".join(cpu_header(args.threads)))
     with tempfile.TemporaryDirectory() as directory:
         calls, engine, inputs = contenders(Path(directory), args.threads)
@@ -178,7 +198,9 @@ def main(args):
         parts["= ours, the whole call (model(...))"] = calls["ours (runtime='openvino')"]
         apart = rounds(parts, args.rounds)  # first: before ONNX Runtime's pool has run beside OpenVINO's
         often, sporadic = blocks(calls, args.rounds // 8 + 1), rounds(calls, args.rounds, ROUND_IDLE)
-        lone = alone(Path(directory) / "model.onnx", args.threads, args.rounds)
+        graph = Path(directory) / "model.onnx"
+        lone = alone(graph, args.threads, args.rounds)["seconds"]
+        service = {engine: alone(graph, args.threads, args.rounds, engine, SETTLE) for engine in ALONE}
         print("\n1. MiniLM-L6 (real) 1x16, float32, 50 ms idle before each call: ms per call, median [IQR], and the "
               "share of calls under 4 ms\n")
         print("| engine | its last call 50 ms before | its last call ~0.5 s before | the same, alone in its process |"
@@ -196,11 +218,18 @@ def main(args):
             adds = "" if previous is None else f"{1e3 * (median - previous):+.2f}"
             print(f"| {name} | {text(seconds)} | {adds} |")
             previous = median
+        print("\n3. Each engine alone in a process of its own, called every 50 ms (a service holding one model): ms per "
+              "call, median [IQR], and the CPU time the process spends per call, the idle included\n")
+        print("| engine | ms | CPU ms per call |\n|---|---:|---:|")
+        for engine, reading in service.items():
+            print(f"| {ALONE[engine]} | {text(reading['seconds'])} | {1e3 * reading['cpu']:.1f} |")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=80, help="rounds per reading (default 80)")
-    parser.add_argument("--alone", help=argparse.SUPPRESS)  # the graph ONNX Runtime runs in a process of its own
+    parser.add_argument("--alone", help=argparse.SUPPRESS)  # the graph an engine runs in a process of its own
+    parser.add_argument("--engine", choices=list(ALONE), help=argparse.SUPPRESS)  # which engine
+    parser.add_argument("--gap", type=float, help=argparse.SUPPRESS)  # seconds between its calls
     main(parser.parse_args())
