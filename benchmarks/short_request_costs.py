@@ -2,7 +2,7 @@
 """Where one short request's time goes: ours (`runtime="openvino"`) against the engine it trails there, ONNX Runtime,
 on the real MiniLM-L6 at 1x16 tokens in float32, the case where ours trails the fastest other engine most (docs/performance.md).
 
-    taskset -c 0,1 python benchmarks/short_request_costs.py      # about 2 minutes
+    taskset -c 0,1 python benchmarks/short_request_costs.py      # about 3 minutes
 
 Every timed call follows 50 ms of idle, as in benchmarks/engines.py's first table. Three readings:
 
