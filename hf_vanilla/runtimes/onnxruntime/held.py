@@ -13,7 +13,8 @@ activation quantization is one scale per tensor, and one token with large activa
 token's: on MiniLM and real sentences the lowest per-token cosine against float32 was 0.968, below CTranslate2's
 int8 (0.986). So each token is first divided by its own largest |x| and the product multiplied back by it
 (`token_ranges`), as `hf_vanilla.precision.Int8Linear` does for the same reason: per-token quantization from
-per-tensor kernels, lowest cosine 0.992, for 9-13% of the int8 time on bert-base (AMD Zen 5; docs/performance.md).
+per-tensor kernels, lowest cosine 0.992, for 9-13% of the int8 time on bert-base (AMD Zen 5; 10% on Zen 3:
+benchmarks/int8_ranges.py, docs/performance.md).
 Embeddings, norms and attention's own products stay float32; the shadow keeps and saves the float32 weights, and
 PyTorch's path runs them in float32.
 """
@@ -126,10 +127,11 @@ def _swaps(node) -> bool:
     return perm in (None, [1, 0])
 
 
-def quantized(graph: onnx.ModelProto) -> onnx.ModelProto:
+def quantized(graph: onnx.ModelProto, per_token: bool = True) -> onnx.ModelProto:
     """`graph` with every MatMul of a constant weight as ONNX Runtime's dynamic int8 product (weights int8, per
     output column), each token's activations quantized on their own range (`token_ranges`), through ONNX Runtime's
-    own quantizer (which writes a file: a private temporary folder).
+    own quantizer (which writes a file: a private temporary folder). `per_token=False`: one activation scale per
+    tensor, as the quantizer comes (what the ranges cost and buy: benchmarks/int8_ranges.py).
 
     Weights get all 8 bits where the CPU has VNNI or AMX (`INT8_PRODUCTS`), and 7 elsewhere: without them MLAS
     multiplies with `vpmaddubsw`, which adds two u8 x s8 products into a saturating int16 (255 x 127 x 2 > 32767;
@@ -139,8 +141,8 @@ def quantized(graph: onnx.ModelProto) -> onnx.ModelProto:
 
     with tempfile.TemporaryDirectory(prefix="hf_vanilla-int8-") as folder, _quiet_quantizer():
         output = Path(folder) / "int8.onnx"
-        quantize_dynamic(token_ranges(graph), output, op_types_to_quantize=["MatMul"], per_channel=True,
-                         reduce_range=not cpu_flags() & INT8_PRODUCTS, weight_type=QuantType.QInt8,
+        quantize_dynamic(token_ranges(graph) if per_token else graph, output, op_types_to_quantize=["MatMul"],
+                         per_channel=True, reduce_range=not cpu_flags() & INT8_PRODUCTS, weight_type=QuantType.QInt8,
                          extra_options={"MatMulConstBOnly": True})
         return onnx.load(output)
 
