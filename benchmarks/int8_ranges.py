@@ -2,7 +2,7 @@
 """What each token's own activation range costs ONNX Runtime's int8 products, and what it buys, beside CTranslate2's
 int8 on the same weights.
 
-    taskset -c 0,1 python benchmarks/int8_ranges.py      # about 4 minutes
+    taskset -c 0,1 python benchmarks/int8_ranges.py      # about 3 minutes
 
 ONNX Runtime holding the weights at int8 (`runtime="onnxruntime", runtime_options={"owned": True, "precision":
 "int8"}`) divides each token by its own largest |x| before every int8 product and multiplies the product back
@@ -67,19 +67,18 @@ def int8_graphs(reference, directory: Path) -> dict:
     return paths
 
 
-def runner(engine: str, path: Path, threads: int, prepared):
-    """The engine's call on the request `prepared` in its own form, answering last_hidden_state as a tensor."""
+def runner(engine: str, path: Path, threads: int):
+    """The engine's call on a request in its own form (`prepare`), answering last_hidden_state as a tensor."""
     if engine == "ct2":
         import ctranslate2
 
         encoder = ctranslate2.Encoder(str(path), device="cpu", compute_type="int8", intra_threads=threads)
-        return lambda: torch.from_numpy(np.asarray(encoder.forward_batch(prepared).last_hidden_state))
+        return lambda ids: torch.from_numpy(np.asarray(encoder.forward_batch(ids).last_hidden_state))
     from hf_vanilla.runtimes.onnxruntime.engine import session_for
 
     session = session_for(str(path), threads)
-    feeds = {name: value.numpy() for name, value in prepared.items()
-             if name in {value.name for value in session.get_inputs()}}
-    return lambda: torch.from_numpy(session.run(None, feeds)[0])
+    names = {value.name for value in session.get_inputs()}
+    return lambda feeds: torch.from_numpy(session.run(None, {k: v for k, v in feeds.items() if k in names})[0])
 
 
 def prepare(engine: str, input_ids, attention_mask):
@@ -88,7 +87,8 @@ def prepare(engine: str, input_ids, attention_mask):
     if engine == "ct2":
         return [[token for token, real in zip(row, mask) if real]
                 for row, mask in zip(input_ids.tolist(), attention_mask.tolist())]
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids)}
+    return {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy(),
+            "token_type_ids": np.zeros_like(input_ids.numpy())}
 
 
 def request():
@@ -105,14 +105,15 @@ def alone(engine: str, path: Path, threads: int, count: int) -> float:
 
 
 def alone_child(path: str, engine: str, threads: int, count: int) -> None:
-    call = runner(engine, Path(path), threads, prepare(engine, *request()))
+    prepared = prepare(engine, *request())
+    call = runner(engine, Path(path), threads)
     for _ in range(2):
-        call()
+        call(prepared)
     times = []
     for _ in range(count):
         time.sleep(SETTLE)
         start = time.perf_counter()
-        call()
+        call(prepared)
         times.append(time.perf_counter() - start)
     print(json.dumps(times))
 
@@ -123,11 +124,12 @@ def accuracy(reference, paths: dict, batches: list, threads: int) -> dict:
 
     lowest = {}
     for name, path in paths.items():
+        call = runner(name, path, threads)
         for batch in batches:
             with torch.inference_mode():
                 expected = reference(**batch).last_hidden_state
-            call = runner(name, path, threads, prepare(name, batch["input_ids"], batch["attention_mask"]))
-            found = lowest_cosine(call(), expected, batch["attention_mask"])
+            found = lowest_cosine(call(prepare(name, batch["input_ids"], batch["attention_mask"])), expected,
+                                  batch["attention_mask"])
             lowest[name] = min(lowest.get(name, 1.0), found)
     return lowest
 
