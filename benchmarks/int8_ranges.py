@@ -14,9 +14,10 @@ Both graphs are made by the same `held.quantized`, with and without the ranges, 
   Each engine runs alone in processes of its own, 50 ms idle before each call, the processes alternating.
   CTranslate2's int8 call is sensitive to what else its process did: on an AMD EPYC Zen 3 it ran 590-620 ms in a
   process that imported ctranslate2 alone (or with transformers), 760-840 in one that had imported onnx first (each
-  call then faulting in ~85,000 fresh pages) and 720-760 in one where torch had reduced a tensor (the mask to its
-  lengths). Its process imports no onnx and reads its ids off the tensors as lists, and it gets more processes than
-  the others: each process's median is printed, and each engine is compared in its fastest process.
+  call then faulting in ~85,000 fresh pages), and 720-760 in some (not all) where torch had first reduced a tensor
+  (the mask to its lengths). Its process imports no onnx and reads its ids off the tensors as lists, and it gets
+  more processes than the others: each process's median is printed, and each engine is compared in its fastest
+  process.
 - Accuracy: the lowest cosine of a token's hidden state against transformers' float32, on the sentences that
   `precision="fastest"` checks a path on (hf_vanilla/runtimes/accuracy.py), with the real all-MiniLM-L6-v2; and on
   the 8x128 request of the bert-base-shaped model.
@@ -122,15 +123,13 @@ def accuracy(reference, paths: dict, batches: list, threads: int) -> dict:
     """name -> the lowest token cosine against `reference` (float32) over `batches`."""
     from hf_vanilla.runtimes.accuracy import lowest_cosine
 
+    with torch.inference_mode():
+        expected = [reference(**batch).last_hidden_state for batch in batches]
     lowest = {}
     for name, path in paths.items():
         call = runner(name, path, threads)
-        for batch in batches:
-            with torch.inference_mode():
-                expected = reference(**batch).last_hidden_state
-            found = lowest_cosine(call(prepare(name, batch["input_ids"], batch["attention_mask"])), expected,
-                                  batch["attention_mask"])
-            lowest[name] = min(lowest.get(name, 1.0), found)
+        lowest[name] = min(lowest_cosine(call(prepare(name, batch["input_ids"], batch["attention_mask"])), want,
+                                         batch["attention_mask"]) for batch, want in zip(batches, expected))
     return lowest
 
 
