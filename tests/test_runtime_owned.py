@@ -4,6 +4,8 @@
 the body, what they refuse and how (their choice per request size: tests/test_runtime_choice.py). Each test runs
 on both engines.
 
+- the body's own memory taken, not copied; a memory-mapped checkpoint resident after attach only where read again, a
+  page written before attach kept;
 - a classification head on the engine: the same logits as PyTorch, the head's own weights still trainable, the
   model saved and loaded back through `from_pretrained(runtime=...)`;
 - refused at attach with a one-line error naming the fix: a masked LM whose decoder is tied to the body's word
@@ -140,6 +142,47 @@ def test_the_weights_are_taken_not_copied(held, graphs):
     assert {name: tensor.data_ptr() for name, tensor in model.model.state_dict().items()} == before
     remove(held)[0](model)
     assert {name: tensor.data_ptr() for name, tensor in model.model.state_dict().items()} == before
+
+
+def _mapped_pages(tensors) -> tuple[int, int]:
+    """(pages a file backs, pages the process wrote) of `tensors`' memory mapped in this process."""
+    page, counts = os.sysconf("SC_PAGE_SIZE"), [0, 0]
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        for tensor in tensors:
+            start, end = -(-tensor.data_ptr() // page), (tensor.data_ptr() + tensor.nbytes) // page
+            if end <= start:  # no whole page
+                continue
+            pagemap.seek(start * 8)
+            for flags in torch.frombuffer(bytearray(pagemap.read((end - start) * 8)), dtype=torch.int64).tolist():
+                if flags < 0:  # bit 63: present
+                    counts[0 if flags >> 61 & 1 else 1] += 1
+    return tuple(counts)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="reads which pages are mapped from "
+                                                                      "/proc/self/pagemap (Linux)")
+def test_a_memory_mapped_checkpoint_is_resident_only_where_read(held, graphs, tmp_path):
+    """Compiling reads the whole checkpoint, and the check at attach runs PyTorch over it; the engine then unmaps the
+    pages a file backs (they stay in the page cache, mapped again when read), and keeps those written since they were
+    mapped."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**{**CONFIG, "vocab_size": 4096})).eval()
+    plain.save_pretrained(tmp_path)
+    model = VanillaEncoderModel.from_pretrained(tmp_path).eval()
+    rows = slice(0, 1024)  # 1024 x 32 floats: the first 32 pages of the word embeddings
+    for each in (plain, model):
+        each.get_input_embeddings().weight.data[rows] += 1  # written before attach
+    inputs = {"input_ids": torch.tensor([[5, 2000, 4000, 1023]])}
+    for tensor in model.state_dict().values():
+        tensor.sum()  # every page of the checkpoint read, as compiling an engine reads it
+    read, written = _mapped_pages(model.state_dict().values())
+    assert read > 64 and written >= 32, "the checkpoint is not memory-mapped: nothing to test"
+    hold(model, held, graphs)
+    assert _mapped_pages(model.state_dict().values()) == (0, written)
+    with torch.inference_mode():
+        assert_close(model(**inputs).last_hidden_state, plain(**inputs).last_hidden_state)
+    assert torch.equal(model.get_input_embeddings().weight, plain.get_input_embeddings().weight)
+
 
 def test_a_second_model_finds_its_graph(held, tmp_path, engine_only, monkeypatch):
     """The graph is kept per architecture, not per model: holding a second model of the same shape exports nothing,

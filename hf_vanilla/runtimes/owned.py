@@ -67,7 +67,7 @@ from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients,
-                      return_freed_memory, sharing_copy, tensors_of)
+                      release_mapped_pages, return_freed_memory, sharing_copy, tensors_of)
 from .inspection import HOLD_METHODS, answer_for_held
 from .watch import Watch, class_code, difference, hooked, structure_of
 
@@ -228,6 +228,7 @@ class OwnedEncoder(HeldWeights, Engine):
         self.compiled, self.local = compiled, threading.local()
         self.partner = self._partner()
         return_freed_memory()  # what the build freed on the way: graphs, copies, a checked float32 compilation
+        release_mapped_pages(self.shadow)  # and the checkpoint's pages the check read, mapped again where read
 
     def pair(self, tokens: int, make) -> None:
         """Requests of at least `tokens` real tokens answered by a partner, the others by the engine: what
