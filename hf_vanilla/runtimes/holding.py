@@ -405,10 +405,10 @@ def return_freed_memory() -> None:
 
 def release_mapped_pages(shadow) -> None:
     """Unmap from this process the pages of `shadow`'s tensors that a file backs and nobody wrote: a checkpoint loaded
-    memory-mapped, read whole by the check against PyTorch at attach. They stay in the page cache, and a read (PyTorch's
-    path, or an engine computing from the shadow's memory) maps them again, so the shadow's copy costs resident
-    memory only as far as it is used (docs/performance.md, Memory). A page written since it was mapped is the process's
-    own (no file backs it) and is kept, as is everything off Linux, where nothing is done."""
+    memory-mapped, read whole by compiling and by the check against PyTorch at attach. They stay in the page cache,
+    and a read (PyTorch's path, or an engine computing from the shadow's memory) maps them again, so the shadow's copy
+    costs resident memory only as far as it is used (docs/performance.md, Memory). A page written since it was mapped
+    is the process's own (no file backs it) and is kept, as is everything off Linux, where nothing is done."""
     try:
         pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
         madvise = ctypes.CDLL(None, use_errno=True).madvise
@@ -417,10 +417,10 @@ def release_mapped_pages(shadow) -> None:
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     page, seen = mmap.PAGESIZE, set()
     try:
-        for tensor in [*shadow.parameters(), *shadow.buffers()]:
-            storage = tensor.untyped_storage()
+        for storage in [tensor.untyped_storage() for tensor in [*shadow.parameters(), *shadow.buffers()]
+                        if tensor.device.type == "cpu"]:
             start, end = -(-storage.data_ptr() // page), (storage.data_ptr() + storage.nbytes()) // page
-            if tensor.device.type != "cpu" or start >= end or start in seen:
+            if start >= end or start in seen:  # no whole page, or a storage met already
                 continue
             seen.add(start)
             flags = numpy.frombuffer(os.pread(pagemap, (end - start) * 8, start * 8), numpy.uint64)
@@ -428,5 +428,7 @@ def release_mapped_pages(shadow) -> None:
             edges = numpy.flatnonzero(numpy.diff(mapped, prepend=0, append=0))  # runs of present file pages
             for first, last in zip(edges[::2].tolist(), edges[1::2].tolist()):
                 madvise((start + first) * page, (last - first) * page, mmap.MADV_DONTNEED)
+    except OSError:  # the page map unreadable (some sandboxes): the pages stay mapped
+        pass
     finally:
         os.close(pagemap)
