@@ -13,7 +13,7 @@ import mmap
 import os
 import types
 
-import numpy
+import numpy as np
 import torch
 
 from .watch import structure_of
@@ -402,13 +402,13 @@ def return_freed_memory() -> None:
         pass
 
 
-
 def release_mapped_pages(shadow) -> None:
-    """Unmap from this process the pages of `shadow`'s tensors that a file backs and nobody wrote: a checkpoint loaded
-    memory-mapped, read whole by compiling and by the check against PyTorch at attach. They stay in the page cache,
-    and a read (PyTorch's path, or an engine computing from the shadow's memory) maps them again, so the shadow's copy
-    costs resident memory only as far as it is used (docs/performance.md, Memory). A page written since it was mapped
-    is the process's own (no file backs it) and is kept, as is everything off Linux, where nothing is done."""
+    """Unmap from this process the pages under `shadow`'s tensors (their storages) that a file backs and nobody
+    wrote: a checkpoint loaded memory-mapped, read whole by compiling and by the check against PyTorch at attach. They
+    stay in the page cache, and a read (PyTorch's path, or an engine computing from the shadow's memory) maps them
+    again, so the shadow's copy costs resident memory only as far as it is used (docs/performance.md, Memory). A page
+    written since it was mapped is the process's own (no file backs it) and is kept, as is everything off Linux,
+    where nothing is done."""
     try:
         pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
         madvise = ctypes.CDLL(None, use_errno=True).madvise
@@ -423,9 +423,9 @@ def release_mapped_pages(shadow) -> None:
             if start >= end or start in seen:  # no whole page, or a storage met already
                 continue
             seen.add(start)
-            flags = numpy.frombuffer(os.pread(pagemap, (end - start) * 8, start * 8), numpy.uint64)
-            mapped = ((flags >> numpy.uint64(63)) & (flags >> numpy.uint64(61)) & numpy.uint64(1)).astype(numpy.int8)
-            edges = numpy.flatnonzero(numpy.diff(mapped, prepend=0, append=0))  # runs of present file pages
+            flags = np.frombuffer(os.pread(pagemap, (end - start) * 8, start * 8), np.uint64)
+            mapped = ((flags >> np.uint64(63)) & (flags >> np.uint64(61)) & np.uint64(1)).astype(np.int8)
+            edges = np.flatnonzero(np.diff(mapped, prepend=0, append=0))  # runs of present file pages
             for first, last in zip(edges[::2].tolist(), edges[1::2].tolist()):
                 madvise((start + first) * page, (last - first) * page, mmap.MADV_DONTNEED)
     except OSError:  # the page map unreadable (some sandboxes): the pages stay mapped
