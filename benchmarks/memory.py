@@ -4,6 +4,8 @@ baseline and as a ratio to the checkpoint's size, each runtime measured in a fre
     python benchmarks/memory.py                      # all-MiniLM-L6-v2, converted into a temporary folder
     python benchmarks/memory.py --model bert-base    # bert-base's shape, random weights (seed 0), offline
     python benchmarks/memory.py --model PATH --calls 5
+    python benchmarks/memory.py --model bert-base --runtimes openvino --shapes 1x16 1x64 1x96 8x128
+                                                     # where memory grows with the request's size
 
 Graphs are traced into a cache first, as a server finds them. The baseline is taken after importing torch,
 transformers and both engines and loading OpenVINO's CPU plugin: their libraries are not the model's memory. What
@@ -35,7 +37,8 @@ def status():
     with open("/proc/self/status") as f:
         return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in f
                 if line.startswith(("VmRSS", "VmHWM", "RssAnon"))}
-path, runtime, options, calls, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+path, runtime, options, calls, cache, shapes = (sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]),
+                                                sys.argv[5], json.loads(sys.argv[6]))
 import torch, transformers, onnxruntime, openvino
 from hf_vanilla.modeling_vanilla import VanillaEncoderModel
 openvino.Core().get_property("CPU", "FULL_DEVICE_NAME")
@@ -46,13 +49,15 @@ kw = {} if options is None else dict(runtime=runtime.split()[0], runtime_options
 model = VanillaEncoderModel.from_pretrained(path, **kw).eval()
 gc.collect()
 load = status()
-ids = torch.randint(1000, 2000, (8, 128))
-with torch.no_grad():
-    for _ in range(calls):
-        model(input_ids=ids, attention_mask=torch.ones_like(ids))
-after = status()
+after = []
+for shape in shapes:  # calls of each shape in turn, resident memory after each shape's
+    ids = torch.randint(1000, 2000, shape)
+    with torch.no_grad():
+        for _ in range(calls):
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    after.append(status()["VmRSS"] - base["VmRSS"])
 print(json.dumps({"load": load["VmRSS"] - base["VmRSS"], "anon": load["RssAnon"] - base["RssAnon"],
-                  "peak": load["VmHWM"] - base["VmRSS"], "calls": after["VmRSS"] - base["VmRSS"]}))
+                  "peak": load["VmHWM"] - base["VmRSS"], "calls": after}))
 """
 
 
@@ -73,10 +78,12 @@ def converted_bert_base(folder: Path) -> Path:
 MODELS = {"minilm": converted_minilm, "bert-base": converted_bert_base}  # built into the temporary folder
 
 
-def measured(model: Path, runtime: str, calls: int, cache: str) -> dict:
-    """The figures of `runtime` loading `model`, in a fresh Python process."""
+def measured(model: Path, runtime: str, calls: int, cache: str, shapes: list) -> dict:
+    """The figures of `runtime` loading `model` and called `calls` times with each of `shapes`, in a fresh Python
+    process."""
     options = json.dumps(RUNTIMES[runtime])
-    out = subprocess.run([sys.executable, "-c", PROBE, str(model), runtime, options, str(calls), cache],
+    out = subprocess.run([sys.executable, "-c", PROBE, str(model), runtime, options, str(calls), cache,
+                          json.dumps(shapes)],
                          check=True, capture_output=True, text=True, cwd=REPO).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -85,25 +92,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm", help=f"a converted checkpoint's folder, or one of {list(MODELS)} "
                                                           f"built here (default: minilm, all-MiniLM-L6-v2 converted)")
-    parser.add_argument("--calls", type=int, default=5, help="calls of 8 x 128 tokens after the load")
+    parser.add_argument("--calls", type=int, default=5, help="calls of each shape after the load")
+    parser.add_argument("--shapes", nargs="+", default=["8x128"], metavar="BxT",
+                        help="request shapes (rows x tokens), called in turn; memory is printed after each")
     parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES))
     args = parser.parse_args()
+    shapes = [[int(size) for size in shape.split("x")] for shape in args.shapes]
     from hf_vanilla.precision import cpu_name
 
     with tempfile.TemporaryDirectory(prefix="hf_vanilla-memory-") as folder:
         model = MODELS[args.model](Path(folder) / args.model) if args.model in MODELS else Path(args.model)
         size = sum(file.stat().st_size for file in model.glob("*.safetensors")) / 2**20
         print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores; {model.name}: checkpoint {size:.0f} MiB; "
-              f"MiB over the baseline (ratio to the checkpoint); {args.calls} calls of 8 x 128")
-        print(f"{'runtime':<20}{'after load':>16}{'anon':>8}{'load peak':>16}{'after calls':>16}")
+              f"MiB over the baseline (ratio to the checkpoint); {args.calls} calls of each shape")
+        print(f"{'runtime':<20}{'after load':>16}{'anon':>8}{'load peak':>16}"
+              + "".join(f"{'after ' + shape:>16}" for shape in args.shapes))
         cache = str(Path(folder) / "graphs")  # one cache for every runtime: its graphs are traced once
         for runtime in args.runtimes:
             if runtime.split()[0] not in ("eager", "auto"):  # its graph traced and cached first: a load as a server's
-                measured(model, runtime, 0, cache)
-            figures = measured(model, runtime, args.calls, cache)
-            print(f"{runtime:<20}" + "".join(f"{figures[key]:>8.0f} ({figures[key] / size:.2f})".rjust(16)
-                                             if key != "anon" else f"{figures[key]:>8.0f}"
-                                             for key in ("load", "anon", "peak", "calls")))
+                measured(model, runtime, 0, cache, [])
+            figures = measured(model, runtime, args.calls, cache, shapes)
+            print(f"{runtime:<20}" + "".join(f"{mib:>8.0f} ({mib / size:.2f})".rjust(16) if key != "anon" else
+                                             f"{mib:>8.0f}" for key, mib in [
+                                                 *((key, figures[key]) for key in ("load", "anon", "peak")),
+                                                 *(("after", mib) for mib in figures["calls"])]))
 
 
 if __name__ == "__main__":
