@@ -5,7 +5,9 @@ the body, what they refuse and how (their choice per request size: tests/test_ru
 on both engines.
 
 - the body's own memory taken, not copied; a memory-mapped checkpoint resident after attach only where read again, a
-  page written before attach kept;
+  page written before attach kept; that checkpoint written in place under the model: every call refused, naming it;
+- a tensor kept from before attach (an optimizer's) refuses writes while held, also from another thread during the
+  attach, and is the model's weight again once given back;
 - a classification head on the engine: the same logits as PyTorch, the head's own weights still trainable, the
   model saved and loaded back through `from_pretrained(runtime=...)`;
 - refused at attach with a one-line error naming the fix: a masked LM whose decoder is tied to the body's word
@@ -182,6 +184,112 @@ def test_a_memory_mapped_checkpoint_is_resident_only_where_read(held, graphs, tm
     with torch.inference_mode():
         assert_close(model(**inputs).last_hidden_state, plain(**inputs).last_hidden_state)
     assert torch.equal(model.get_input_embeddings().weight, plain.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize("write", ["in place", ".data", "an optimizer's step"])
+def test_a_tensor_kept_from_before_attach_refuses_writes_until_given_back(held, graphs, engine_only, write):
+    """What an optimizer, an EMA or a tied module outside the model holds: the body's own Parameter, taken before
+    attach. While the engine holds the weights a write through it is refused by name (the engine's copy and PyTorch's
+    path would part), and the model answers as before on every path; given back, that very tensor is the model's
+    weight again, and the same write changes the model as it changes a plain one."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    model = copy.deepcopy(plain)
+    name = "encoder.layers.0.ffn.up_proj.weight"
+    kept = model.get_parameter(name)
+    optimizer = torch.optim.SGD([kept], lr=1.0)
+    kept.grad = torch.ones_like(kept)
+
+    def apply():
+        with torch.no_grad():
+            if write == "in place":
+                kept.mul_(0.5)
+            elif write == ".data":
+                kept.data.mul_(0.5)
+            else:
+                optimizer.step()
+
+    hold(model, held, graphs)
+    with pytest.raises(RuntimeError, match=rf"Writing a weight through a reference taken before the engine held it "
+                                           rf".*runtime={held!r}.*{remove(held)[1]}\(model\)"):
+        apply()
+    optimizer.zero_grad()  # setting .grad writes no weight
+    for inputs in (batch(), batch(B=1, T=4)):  # the engine's request and PyTorch's alike
+        _assert_answers(model, plain, inputs)
+    assert torch.equal(model.state_dict()[name], plain.state_dict()[name])
+
+    remove(held)[0](model)
+    assert model.get_parameter(name) is kept and type(kept) is torch.nn.Parameter
+    kept.grad = torch.ones_like(kept)
+    apply()
+    with torch.no_grad():
+        plain.get_parameter(name).mul_(0.5) if write != "an optimizer's step" else plain.get_parameter(name).sub_(1.0)
+    assert torch.equal(model.get_parameter(name), plain.get_parameter(name))
+
+
+def test_a_write_from_another_thread_during_attach_is_refused_by_name(held, graphs, engine_only, monkeypatch):
+    """A thread writing a weight while the engine is compiled: refused where it writes, naming the engine (not
+    found later as a graph that differs from PyTorch)."""
+    import threading
+
+    from hf_vanilla.runtimes import owned
+
+    torch.manual_seed(0)
+    model = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    kept, errors, graph = model.get_parameter("encoder.layers.1.ffn.down_proj.weight"), [], owned.OwnedEncoder._graph
+
+    def writer():
+        try:
+            with torch.no_grad():
+                kept.add_(1.0)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    def graph_with_a_write(self):  # the other thread writes while the engine is being compiled
+        thread = threading.Thread(target=writer)
+        thread.start()
+        thread.join()
+        return graph(self)
+
+    monkeypatch.setattr(owned.OwnedEncoder, "_graph", graph_with_a_write)
+    hold(model, held, graphs)
+    assert len(errors) == 1 and "reference taken before the engine held it" in errors[0], errors
+
+
+@pytest.mark.parametrize("how", ["written in place", "copied over", "saved beside and renamed into place"])
+def test_a_checkpoint_written_under_the_loaded_model(held, graphs, engine_only, tmp_path, how):
+    """A model loaded memory-mapped shares the checkpoint file's pages. Written in place (as `cp` writes), the file
+    changes the weights under the engine's copy: every call of the held model is refused, naming the file and the
+    fix, never answered half old, half new; loaded again, the model answers the new weights. Renamed into place (as
+    save_pretrained writes), the mapped file is untouched and the model answers as before."""
+    import shutil
+
+    torch.manual_seed(0)
+    old = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    new = VanillaEncoderModel(VanillaEncoderConfig(**CONFIG)).eval()
+    old.save_pretrained(tmp_path / "model")
+    new.save_pretrained(tmp_path / "new")
+    model = hold(VanillaEncoderModel.from_pretrained(tmp_path / "model").eval(), held, graphs)
+    inputs = batch()
+    _assert_answers(model, old, inputs)
+    target, source = tmp_path / "model" / "model.safetensors", tmp_path / "new" / "model.safetensors"
+    if how == "written in place":
+        with open(target, "r+b") as file:
+            file.write(source.read_bytes())
+    elif how == "copied over":
+        shutil.copyfile(source, target)
+    else:
+        shutil.copyfile(source, tmp_path / "model" / "incoming")
+        os.replace(tmp_path / "model" / "incoming", target)
+    if how == "saved beside and renamed into place":
+        _assert_answers(model, old, inputs)
+    else:
+        for each in (inputs, batch(B=1, T=4)):  # the engine's request and PyTorch's alike
+            with pytest.raises(RuntimeError, match=rf"checkpoint file {re.escape(str(target))} was written while "
+                                                   rf"this model was loaded.*Load the model again"):
+                _answers(model, each)
+    again = hold(VanillaEncoderModel.from_pretrained(tmp_path / "model").eval(), held, graphs)
+    _assert_answers(again, new, inputs)
 
 
 def test_a_second_model_finds_its_graph(held, tmp_path, engine_only, monkeypatch):

@@ -6,17 +6,20 @@ shape of a refusal, and `HeldWeights`, what an `OwnedEncoder` does to show the h
 give them back into the body.
 """
 
+import bisect
 import copy
 import ctypes
 import functools
 import mmap
 import os
 import types
+import weakref
 
 import numpy as np
 import torch
 
 from .watch import structure_of
+
 
 def refusal(engine, attempted: str, then: str = "") -> str:
     """The one shape of every refusal of an engine holding the weights: what was attempted, which engine holds them,
@@ -96,7 +99,7 @@ def _marker_function(func, args: tuple, kwargs: dict):
     target = kwargs["out"] if "out" in kwargs else (args[0] if args else None)
     ours = any(target is a for a in guarded)
     if name == "__set__" and ours:  # a property set: args = (tensor, value)
-        prop, value = getattr(getattr(func, "__self__", None), "__name__", ""), args[1]
+        prop, value = _property(func), args[1]
         if prop == "data":
             with torch._C.DisableTorchFunctionSubclass():
                 device, moved = value.device, value.dtype != target.dtype or value.device != target.device
@@ -143,11 +146,13 @@ class HeldTensor(torch.Tensor):
     other's. A deep copy is the copied engine's own view; a pickle holds none (the unpickled engine shows its copy's
     views at its first call, `OwnedEncoder._expose`)."""
 
-    @staticmethod
-    def of(tensor: torch.Tensor, engine, parameter: bool | None = None, where=None) -> "HeldTensor":
+    WRITING = "Writing a weight"  # what a refused write attempted, in its message
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, engine, parameter: bool | None = None, where=None) -> "HeldTensor":
         """A view of `tensor` (the shadow's), refusing writes in the name of `engine`; `where`: (module path, name)
         of the held weight it shows, None for a view of a view."""
-        view = tensor.detach().as_subclass(HeldTensor)
+        view = tensor.detach().as_subclass(cls)
         view.engine, view.where = engine, where
         view.parameter = isinstance(tensor, torch.nn.Parameter) if parameter is None else parameter
         return view
@@ -161,8 +166,10 @@ class HeldTensor(torch.Tensor):
             (a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), None)
         writes = "out" in kwargs or name in _WRITES or (name.endswith("_") and not name.startswith("_"))
         held = next((a for a in [target, *args] if isinstance(a, HeldTensor)), None)
+        if name == "__set__" and isinstance(target, Taken) and _property(func) == "grad":
+            writes = False  # an optimizer's zero_grad: the weight is not written
         if writes and isinstance(target, HeldTensor) or (name == "requires_grad_" and held is not None):
-            raise RuntimeError(refusal(held.engine, f"Writing a weight ({name})", EDIT))
+            raise RuntimeError(refusal(held.engine, f"{held.WRITING} ({name})", EDIT))
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
         return _held_views(result, held)
@@ -189,6 +196,70 @@ class HeldTensor(torch.Tensor):
         return HeldTensor.of(getattr(engine.shadow.get_submodule(path), name), engine, self.parameter, self.where)
 
 
+class Taken(HeldTensor):
+    """A buffer of the body as the user may still hold it from before the engine took it (`seal`): the same tensor
+    object, over the memory the engine was compiled from, refusing every write as a held view does. Without it, a
+    write through it (a tensor kept by an EMA, a tied module outside the model) would reach PyTorch's path and not
+    the engine's."""
+
+    WRITING = "Writing a weight through a reference taken before the engine held it"
+
+
+class TakenParameter(Taken, torch.nn.Parameter):
+    """A parameter of the body as the user may still hold it from before the engine took it (an optimizer's, one
+    from `model.get_parameter`): `Taken`, still a Parameter; copied or pickled, a plain Parameter."""
+
+    def __deepcopy__(self, memo):
+        return torch.nn.Parameter(_plain(self).clone(), raw_attr(self, "requires_grad"))
+
+    def __reduce_ex__(self, protocol):
+        return torch._utils._rebuild_parameter, (_plain(self), raw_attr(self, "requires_grad"), {})
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        return tensor.as_subclass(torch.Tensor).detach()
+
+
+def seal(tensors: list, engine) -> list:
+    """Turn each of the body's own tensors (what references taken before attach point at) into `Taken` in place,
+    refusing writes in the name of `engine`. Returns what `unseal` needs: (weak reference, class) of each."""
+    sealed = []
+    for tensor in {id(t): t for t in tensors}.values():
+        if isinstance(tensor, HeldTensor) or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            continue  # a subclass of the user's own keeps its class (its writes are followed as today's are not)
+        sealed.append((weakref.ref(tensor), type(tensor)))
+        tensor.__class__ = TakenParameter if isinstance(tensor, torch.nn.Parameter) else Taken
+        tensor.engine, tensor.where, tensor.parameter = engine, None, isinstance(tensor, torch.nn.Parameter)
+    return sealed
+
+
+def unseal(sealed: list) -> dict:
+    """Give each tensor `seal` turned back its own class. Returns those still alive by where their memory is
+    (`alias_key`): the body gets them back where the engine's copy still shares that memory."""
+    alive = {}
+    for reference, cls in sealed:
+        tensor = reference()
+        if tensor is None or not isinstance(tensor, Taken):
+            continue
+        for name in ("engine", "where", "parameter"):
+            vars(tensor).pop(name, None)
+        tensor.__class__ = cls
+        alive[alias_key(tensor)] = tensor
+    return alive
+
+
+def alias_key(tensor: torch.Tensor) -> tuple:
+    """Where a tensor's values are: two tensors with the same key read the same memory the same way."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device
+
+
+def _property(func) -> str:
+    """The name of the property a `__set__` in `__torch_function__` sets."""
+    return getattr(getattr(func, "__self__", None), "__name__", "")
+
+
 # Tensor methods and attributes that write into a tensor besides the in-place ops (named with a trailing _).
 _WRITES = {"__setitem__", "__set__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
            "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
@@ -202,7 +273,7 @@ def _held_views(result, held):
     if not isinstance(result, torch.Tensor) or held is None:
         return result
     if result.device.type != "meta" and result.untyped_storage().data_ptr() == held.untyped_storage().data_ptr():
-        return HeldTensor.of(result, held.engine, held.parameter)
+        return (Taken if isinstance(held, Taken) else HeldTensor).of(result, held.engine, held.parameter)
     return result.as_subclass(torch.Tensor) if isinstance(result, HeldTensor) else result
 
 
@@ -266,8 +337,9 @@ def tensors_of(shadow, dtype: torch.dtype | None = None) -> dict:
 class HeldWeights:
     """The body's tensors held in the engine's `shadow`: shown in the body as `HeldTensor` views (`_expose`), found
     under the names they have now (`kept`) and given back (`give_back`). A mixin of `OwnedEncoder`, which sets what
-    it reads: `unit` (the body), `shadow`, `held` (module path -> the names taken from it), `RUNTIME`, `REMOVE`,
-    `trainable`, `frozen`, `marker`, and `_watch()` (the per-call check, taken again with the views)."""
+    it reads: `unit` (the body), `shadow`, `held` (module path -> the names taken from it), `sealed` (`seal`),
+    `RUNTIME`, `REMOVE`, `trainable`, `frozen`, `marker`, and `_watch()` (the per-call check, taken again with the
+    views)."""
 
     def _expose(self) -> None:
         """Each held tensor readable where the body kept it (`layer.weight`, `model.get_input_embeddings().weight`):
@@ -289,8 +361,12 @@ class HeldWeights:
         methods. What the user put in a tensor's place since is the user's, as PyTorch keeps it: a Parameter
         assigned or a buffer registered under that name (the shadow's is dropped, the module's others come back), or
         None (`module.bias = None`: registered as None); a name deleted stays deleted; a module that replaced one
-        holds its own tensors. The marker's `requires_grad`, where it was set since, is every returned parameter's."""
+        holds its own tensors. The marker's `requires_grad`, where it was set since, is every returned parameter's.
+        A tensor the body had before the engine took it (`seal`) is itself given back where the engine's copy still
+        shares its memory (nothing was loaded or moved since), so a reference kept from before writes the model
+        again."""
         unit, own = self.unit, dict(self.shadow.named_modules())
+        originals, self.sealed = unseal(self.sealed), []
         vars(unit).pop("forward", None)
         for hooks in (unit._state_dict_hooks, unit._load_state_dict_pre_hooks):
             for key in [key for key, hook in hooks.items() if getattr(getattr(hook, "hook", hook), "args", ())[:1]
@@ -312,7 +388,8 @@ class HeldWeights:
                 if name in module._parameters or name in module._buffers or name not in vars(module):
                     continue  # registered anew (the user's own tensor), or deleted (`del module.weight`)
                 shown = vars(module).pop(name)
-                if self._shows(shown, path, name, tensor):
+                if self._shows(shown, path, name, tensor):  # the user's own tensor where it still is the weight
+                    tensor = tensor if tensor is None else originals.get(alias_key(tensor), tensor)
                     getattr(module, kind)[name] = tensor
                     returned += [(module, name)] if kind == "_parameters" and tensor is not None else []
                 elif shown is None:  # `module.bias = None`: PyTorch registers None in the tensor's place
@@ -389,6 +466,59 @@ class HeldWeights:
                     continue
                 yield (f"{path}.{name}" if path else name, tensor, parameter,
                        parameter or name not in source._non_persistent_buffers_set)
+
+
+class MappedFiles:
+    """The files whose pages back the shadow's tensors (a checkpoint loaded memory-mapped: transformers maps a
+    safetensors file rather than reading it), each held open, with their size and modification time when the engine
+    compiled. Such a file written in place (`cp` over it, a writer opening it for update) changes the tensors' memory
+    under the engine: PyTorch's path would answer the new weights and the engine's copy the old, or a mix where it
+    reads some weights in place. `written()` names a file changed since; the engine then refuses every call. A file
+    replaced by a rename (as `save_pretrained` writes) leaves the mapped one as it was. Read from /proc/self/maps: off
+    Linux nothing is watched."""
+
+    def __init__(self, shadow):
+        self.files = []  # (path, open file descriptor, (size, modification time))
+        pointers = sorted({tensor.untyped_storage().data_ptr() for tensor in [*shadow.parameters(), *shadow.buffers()]
+                           if tensor.device.type == "cpu" and tensor.untyped_storage().nbytes()})
+        try:
+            with open("/proc/self/maps") as maps:
+                lines = maps.read().splitlines()
+        except OSError:
+            return
+        found = {}
+        for line in lines:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
+                continue  # anonymous memory, the heap, the stack
+            start, end = (int(edge, 16) for edge in fields[0].split("-"))
+            first = bisect.bisect_left(pointers, start)
+            if first < len(pointers) and pointers[first] < end:
+                found.setdefault(int(fields[4]), fields[5])
+        for inode, path in found.items():
+            try:
+                descriptor = os.open(path, os.O_RDONLY)
+            except OSError:  # removed or renamed since it was mapped: nothing can write the mapped file by its name
+                continue
+            status = os.fstat(descriptor)
+            if status.st_ino != inode:  # the name holds another file now
+                os.close(descriptor)
+                continue
+            self.files.append((path, descriptor, (status.st_size, status.st_mtime_ns)))
+        weakref.finalize(self, _close, [descriptor for _, descriptor, _ in self.files])
+
+    def written(self) -> str | None:
+        """The path of a file written since the engine compiled, or None."""
+        for path, descriptor, stamp in self.files:
+            status = os.fstat(descriptor)
+            if (status.st_size, status.st_mtime_ns) != stamp:
+                return path
+        return None
+
+
+def _close(descriptors: list) -> None:
+    for descriptor in descriptors:
+        os.close(descriptor)
 
 
 def return_freed_memory() -> None:

@@ -36,8 +36,13 @@ what a user or a library asks of a model to inspect it answers from the shadow (
   device is refused at the move;
 - training (`model.train()`, or gradients asked of the body's weights through its outputs while the marker requires
   grad: `model.base_model.requires_grad_(False)` freezes the encoder, and what is around it trains), a write into a
-  held weight, and forward hooks inside the body, which the graph would not run, are refused (`refusal`: what was
-  attempted, which engine holds the weights, the call that gives them back).
+  held weight, also through a tensor kept from before attach (an optimizer's, `model.get_parameter(...)`: the body's
+  own tensors refuse writes while it is held, `holding.seal`, and are given back by `give_back`), and forward hooks
+  inside the body, which the graph would not run, are refused (`refusal`: what was attempted, which engine holds the
+  weights, the call that gives them back). A `.data` or numpy view taken before attach is memory the engine cannot
+  watch: take none across an attach;
+- a checkpoint file the weights are memory-mapped from, written in place while the model is loaded
+  (`holding.MappedFiles`): every call is refused, naming the file and the fix (load it again).
 
 What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
 no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
@@ -66,8 +71,9 @@ from . import choice
 from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
-from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients,
-                      release_mapped_pages, return_freed_memory, sharing_copy, tensors_of)
+from .holding import (HeldMarker, HeldTensor, HeldWeights, MappedFiles, held_repr, raw_attr, refusal,
+                      refuse_gradients, release_mapped_pages, return_freed_memory, seal, sharing_copy, tensors_of,
+                      unseal)
 from .inspection import HOLD_METHODS, answer_for_held
 from .watch import Watch, class_code, difference, hooked, structure_of
 
@@ -146,8 +152,14 @@ class OwnedEncoder(HeldWeights, Engine):
         dtype = self.PRECISIONS[self.precision] or next(unit.parameters()).dtype
         self.shadow, self.dtype = shadow.requires_grad_(False).to(dtype), dtype
         self.signature = inspect.signature(type(shadow).forward.__get__(shadow))
-        # Traced and compiled before the body gives anything up: a failure leaves it whole.
-        self._compile(self._graph())
+        # The body's own tensors refuse writes from here on (a reference kept from before attach, another thread),
+        # then traced and compiled before the body gives anything up: a failure leaves it whole.
+        self.sealed = seal([*unit.parameters(), *unit.buffers()], self)
+        try:
+            self._compile(self._graph())
+        except BaseException:
+            unseal(self.sealed)
+            raise
         self.frozen = {name for name, parameter in unit.named_parameters() if not parameter.requires_grad}
         self.trainable = any(parameter.requires_grad for parameter in unit.parameters())
         self.held = {path: [*module._parameters, *module._buffers] for path, module in unit.named_modules()
@@ -226,6 +238,7 @@ class OwnedEncoder(HeldWeights, Engine):
             self.build(tensors_of(self.shadow), self.precision)
         self.names, self.token_types = self.outputs_of(compiled)
         self.compiled, self.local = compiled, threading.local()
+        self.files = MappedFiles(self.shadow)  # the checkpoint files its weights are mapped from, watched
         self.partner = self._partner()
         return_freed_memory()  # what the build freed on the way: graphs, copies, a checked float32 compilation
         release_mapped_pages(self.shadow)  # and the checkpoint's pages the check read, mapped again where read
@@ -299,6 +312,13 @@ class OwnedEncoder(HeldWeights, Engine):
         unit = self.unit
         if self.compiled is None:  # unpickled or deep-copied: held again, then the model as it is now checked
             self._hold_again()
+        elif (written := self.files.written()) is not None:
+            raise RuntimeError(
+                f"The checkpoint file {written} was written while this model was loaded from it memory-mapped "
+                f"(from_pretrained maps the file rather than reading it): the weights runtime={self.RUNTIME!r} "
+                f"compiled and the file's no longer agree, so every call is refused. Load the model again; to "
+                f"replace a checkpoint a model runs from, write the new one beside it and rename it into place (as "
+                f"save_pretrained does).")
         elif self.watch.unchanged():
             return
         if structure_of(unit) != self.structure or class_code(unit) != self.code:
@@ -411,12 +431,14 @@ class OwnedEncoder(HeldWeights, Engine):
         vars(clone).update(vars(self))
         clone.unit, clone.shadow = copy.deepcopy(self.unit, memo), copy.deepcopy(self.shadow, memo)
         clone.lock, clone.local, clone.choice = threading.RLock(), threading.local(), copy.deepcopy(self.choice)
-        clone.watch, clone.compiled = None, None  # built at its first call, on the copy
+        clone.watch, clone.compiled, clone.files = None, None, None  # built at its first call, on the copy
+        clone.sealed = []  # the tensors taken from the user's body are this engine's to give back
         return clone
 
     def __getstate__(self):
         """Pickled with the model: the shadow and the graph's bytes; compiled again at the first call."""
-        return dict(vars(self), lock=None, local=None, compiled=None, watch=None, code=None, partner=None)
+        return dict(vars(self), lock=None, local=None, compiled=None, watch=None, code=None, partner=None,
+                    files=None, sealed=[])
 
     def __setstate__(self, state):
         vars(self).update(state)
