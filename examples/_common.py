@@ -9,7 +9,9 @@ default (one per core), which can pay off for larger models on an idle machine.
 
 Errors. `run(main)` turns an exception into one line on stderr, `error: <what went wrong and how to fix it>`, and
 exit status 2, as `python -m conversion` does; `--debug` shows the full traceback instead. A missing optional
-package names the extra of hf_vanilla that installs it.
+package names the extra of hf_vanilla that installs it. A bad option value stops the script before that, in
+argparse's own form (`script.py: error: argument --top-k: ...`): the option types `at_least` and `existing` come
+from _arguments.py, which benchmarks/ shares.
 
 Stand-in models. Offline there is no trained masked-LM or QA checkpoint, so fill_mask.py and question_answering.py
 build a small random BERT of that head with the real bert-base-uncased tokenizer (`random_bert`), and say so.
@@ -27,6 +29,8 @@ import torch
 from hf_vanilla.conversion import flow
 from hf_vanilla.conversion.formats import bert
 from hf_vanilla.conversion.errors import ConversionError
+
+from _arguments import at_least, existing  # noqa: F401  (the examples' option types, through this one import)
 
 # Optional packages the examples import, and the extra of hf_vanilla (pyproject.toml) that installs each.
 EXTRAS = {
@@ -49,7 +53,7 @@ def parser(doc: str, *, threads: int = 1) -> argparse.ArgumentParser:
     """The example's argument parser (its description: the first paragraph of `doc`), with the shared options."""
     result = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     shared = result.add_argument_group("options every example has")  # listed after the example's own
-    shared.add_argument("--threads", type=int, default=threads,
+    shared.add_argument("--threads", type=at_least(0, " (0: torch's default, one per core)"), default=threads,
                         help=f"torch CPU threads (default {threads}: the models here are small, and extra threads "
                              "slow them down on a busy machine); 0 keeps torch's default, one per core")
     shared.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
@@ -59,8 +63,6 @@ def parser(doc: str, *, threads: int = 1) -> argparse.ArgumentParser:
 def parse(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Parse the command line and set torch's thread count from --threads."""
     args = parser.parse_args(argv)
-    if args.threads < 0:
-        parser.error(f"--threads must be 0 (torch's default) or more, not {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     return args

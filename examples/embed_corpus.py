@@ -102,7 +102,7 @@ def parse_args(argv=None):
                                               "--head` printed); default: as ray.init() finds one, else a local Ray")
     parser.add_argument("--workers", type=int, help="with --engine ray: the number of actors (default: as many as "
                                                     "the cluster has CPUs, or GPUs, for)")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--threads", type=_common.at_least(0), default=0,
                         help="torch CPU threads per process (0: this process's share of the cores; a Ray worker: "
                              "1), and the CPUs each Ray worker reserves")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")

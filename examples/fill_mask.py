@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     parser.add_argument("--source", help="BERT masked-LM checkpoint (Hub id or folder) or a converted folder; "
                                          "default: a random, untrained one")
     parser.add_argument("--text", action="append", help="text with [MASK] (repeatable); default: three examples")
-    parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--top-k", type=_common.at_least(1), default=5)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model")
     args = _common.parse(parser, argv)
 

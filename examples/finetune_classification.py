@@ -61,7 +61,7 @@ def main(argv=None) -> None:
                                          "default: the bundled all-MiniLM-L6-v2")
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (overrides epochs)")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=_common.at_least(1), default=16)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", help="save the fine-tuned model and tokenizer here")

@@ -111,10 +111,11 @@ def eos_first(generation):
 
 def main(argv=None) -> int:
     parser = _common.parser(__doc__)
-    parser.add_argument("--model", type=Path, help="vanilla seq2seq checkpoint; default a small random model")
-    parser.add_argument("--onnx", type=Path, help="its ONNX export (python -m conversion onnx); default export now")
+    folder = _common.existing("folder")
+    parser.add_argument("--model", type=folder, help="vanilla seq2seq checkpoint; default a small random model")
+    parser.add_argument("--onnx", type=folder, help="its ONNX export (python -m conversion onnx); default export now")
     parser.add_argument("--text", action="append", help="source sentence (repeatable; needs --model's tokenizer)")
-    parser.add_argument("--max-new-tokens", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=_common.at_least(1), default=20)
     args = _common.parse(parser, argv)
     _common.require("onnxruntime", "onnxscript", "onnx")
 

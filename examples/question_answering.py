@@ -63,8 +63,8 @@ def main(argv=None) -> None:
                                          "default: a random, untrained one")
     parser.add_argument("--question", default=QUESTION)
     parser.add_argument("--context", default=CONTEXT)
-    parser.add_argument("--max-length", type=int, default=384, help="question + context tokens kept")
-    parser.add_argument("--max-answer-tokens", type=int, default=30)
+    parser.add_argument("--max-length", type=_common.at_least(1), default=384, help="question + context tokens kept")
+    parser.add_argument("--max-answer-tokens", type=_common.at_least(1), default=30)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model")
     args = _common.parse(parser, argv)
 

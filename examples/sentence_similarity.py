@@ -62,9 +62,9 @@ def main(argv=None) -> None:
     parser = _common.parser(__doc__)
     parser.add_argument("--source", help="BERT checkpoint (Hub id or folder) or a converted folder; "
                                          "default: the bundled all-MiniLM-L6-v2")
-    parser.add_argument("--corpus-file", type=Path, help="sentences to search, one per line")
+    parser.add_argument("--corpus-file", type=_common.existing("file"), help="sentences to search, one per line")
     parser.add_argument("--query", action="append", help="search query (repeatable)")
-    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--top-k", type=_common.at_least(1), default=2)
     args = _common.parse(parser, argv)
 
     corpus = SENTENCES

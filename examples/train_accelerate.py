@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -59,6 +60,9 @@ from hf_vanilla import (
     VanillaSeq2SeqConfig,
     VanillaSeq2SeqForConditionalGeneration,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # finds _arguments.py also when a test loads this file by path
+from _arguments import at_least, existing  # noqa: E402
 
 VOCAB, PAD, START, END = 64, 0, 1, 2  # synthetic token ids: 3..VOCAB-1 are "words"
 IGNORED = -100  # label value the losses skip
@@ -277,6 +281,27 @@ def save_checkpoint(accelerator, model, output: Path, step: int, progress: dict)
     accelerator.wait_for_everyone()
 
 
+def checkpoint_progress(parser, checkpoint: str) -> dict:
+    """The progress.json of `checkpoint` (the step, the losses so far, the untrained model's metrics), read before any
+    process starts: a folder that is not a whole checkpoint of this script is refused, naming what is wrong."""
+    progress, saved, problem = Path(checkpoint) / "progress.json", None, None
+    if not Path(checkpoint).is_dir():
+        problem = "no such folder"
+    elif not progress.is_file():
+        problem = "no progress.json in it, so not a whole checkpoint of this script"
+    else:
+        try:
+            saved = json.loads(progress.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            problem = f"its progress.json is damaged ({error})"
+        if problem is None and not (isinstance(saved, dict) and {"step", "losses", "untrained"} <= saved.keys()):
+            problem = "its progress.json lacks the step, losses and untrained metrics this script writes"
+    if problem:
+        parser.error(f"argument --resume-from: {checkpoint}: {problem}; pass a checkpoint-N folder written by "
+                     f"--checkpoint-every, or `latest`")
+    return saved
+
+
 def latest_checkpoint(output: Path):
     """The whole checkpoint of the highest step in `output` (`.partial` folders are not whole), or None."""
     steps = [int(match[1]) for path in output.glob("checkpoint-*")
@@ -287,14 +312,15 @@ def latest_checkpoint(output: Path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["classification", "seq2seq"], default="classification")
-    parser.add_argument("--model", help="start from this checkpoint (e.g. a converted BERT) instead of random init")
+    parser.add_argument("--model", type=existing("folder"),
+                        help="start from this checkpoint (e.g. a converted BERT) instead of random init")
     parser.add_argument("--output", required=True, help="directory for checkpoints, losses.json and final/")
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
-    parser.add_argument("--batch-size", type=int, default=16, help="per process, per micro-batch")
-    parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
+    parser.add_argument("--steps", type=at_least(1), default=200, help="optimizer steps")
+    parser.add_argument("--batch-size", type=at_least(1), default=16, help="per process, per micro-batch")
+    parser.add_argument("--grad-accum", type=at_least(1), default=2, help="micro-batches per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
-    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--width", type=at_least(1), default=64)
     parser.add_argument("--dropout", type=float, default=0.1,
                         help="every dropout: embeddings, sub-layer outputs, attention weights, classifier")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "fp16", "bf16"], default="auto",
@@ -302,14 +328,15 @@ def main(argv=None):
     parser.add_argument("--fsdp", choices=["full", "sharded"],
                         help="shard the model with FSDP2 (needs a multi-process launch); checkpoints are written "
                              "as one full state dict or as one shard per process")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="save_state every N steps (0: never)")
+    parser.add_argument("--checkpoint-every", type=at_least(0, " (0: never)"), default=0,
+                        help="save_state every N steps (0: never)")
     parser.add_argument("--resume-from",
                         help="a checkpoint directory written by --checkpoint-every, or `latest`: the newest whole "
                              "checkpoint in --output, or a fresh start where there is none (for torchrun "
                              "--max-restarts: the restarted processes run the same command)")
     parser.add_argument("--save-rank-weights", action="store_true",
                         help="also write each process's final weights (rank{N}.safetensors), to check they agree")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--threads", type=at_least(0, " (0: the script's choice)"), default=0,
                         help="torch CPU threads per process (0: 1 for the built-in small model, else the process's "
                              "share of the cores)")
     parser.add_argument("--cpu", action="store_true", help="train on CPU even if a GPU is present")
@@ -321,6 +348,8 @@ def main(argv=None):
                      "connect: launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d "
                      "--rdzv-endpoint HOST:PORT (one machine: --standalone)")
     output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        parser.error(f"argument --output: {output} is a file; pass a folder (a new one, or one this script wrote)")
     if args.resume_from == "latest" and (output / "final").exists():
         print(f"{output} holds a finished run ({output / 'final'}); nothing to resume")
         return json.loads((output / "losses.json").read_text())[-1]
@@ -330,8 +359,7 @@ def main(argv=None):
         # Read before the process group forms, so no process of this launch has written anything yet.
         latest = latest_checkpoint(output) if output.is_dir() else None
         args.resume_from = str(latest) if latest else None
-    if args.resume_from and not Path(args.resume_from).is_dir():
-        parser.error(f"--resume-from {args.resume_from}: no such checkpoint directory")
+    resumed = checkpoint_progress(parser, args.resume_from) if args.resume_from else None
 
     mixed = args.mixed_precision
     if mixed == "auto":
@@ -368,9 +396,12 @@ def main(argv=None):
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
     if args.resume_from:
-        accelerator.load_state(args.resume_from)  # weights, optimizer, scheduler, sampler, RNG states
-        progress_so_far = json.loads((Path(args.resume_from) / "progress.json").read_text())
-        step, losses, untrained = progress_so_far["step"], progress_so_far["losses"], progress_so_far["untrained"]
+        try:
+            accelerator.load_state(args.resume_from)  # weights, optimizer, scheduler, sampler, RNG states
+        except FileNotFoundError as error:  # a file deleted from a whole checkpoint: progress.json was written last
+            parser.error(f"argument --resume-from: {args.resume_from} is incomplete ({error.filename} is missing); "
+                         f"pass another checkpoint-N folder, or start afresh without --resume-from")
+        step, losses, untrained = resumed["step"], resumed["losses"], resumed["untrained"]
         accelerator.print(f"resumed from {args.resume_from} at step {step}")
     else:
         step, losses, untrained = 0, [], evaluate(model, args.task, held_out, accelerator.device)

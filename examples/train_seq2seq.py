@@ -43,22 +43,27 @@ VOCAB_SIZE = DIGIT_OFFSET + 10
 
 def parse_args(argv=None):
     parser = _common.parser(__doc__)
-    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=400, help="warm-up steps of the learning-rate schedule")
+    count = _common.at_least(1)
+    parser.add_argument("--steps", type=count, default=1500, help="optimizer steps")
+    parser.add_argument("--batch-size", type=count, default=64)
+    parser.add_argument("--warmup", type=count, default=400, help="warm-up steps of the learning-rate schedule")
     parser.add_argument("--lr-factor", type=float, default=1.0, help="multiplies the schedule's learning rate")
-    parser.add_argument("--hidden-size", type=int, default=128, help="model width E")
-    parser.add_argument("--layers", type=int, default=2, help="encoder layers, and as many decoder layers")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--ffn-size", type=int, default=512, help="feed-forward width F")
+    parser.add_argument("--hidden-size", type=count, default=128, help="model width E")
+    parser.add_argument("--layers", type=count, default=2, help="encoder layers, and as many decoder layers")
+    parser.add_argument("--heads", type=count, default=4)
+    parser.add_argument("--ffn-size", type=count, default=512, help="feed-forward width F")
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument("--min-len", type=int, default=3, help="shortest digit string")
-    parser.add_argument("--max-len", type=int, default=12, help="longest digit string")
-    parser.add_argument("--eval-size", type=int, default=500, help="held-out strings for the final test")
+    parser.add_argument("--min-len", type=count, default=3, help="shortest digit string")
+    parser.add_argument("--max-len", type=count, default=12, help="longest digit string")
+    parser.add_argument("--eval-size", type=count, default=500, help="held-out strings for the final test")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default=None, help="save the trained model here (save_pretrained)")
-    return _common.parse(parser, argv)
+    args = _common.parse(parser, argv)
+    if args.min_len > args.max_len:
+        parser.error(f"argument --min-len: {args.min_len} is above --max-len {args.max_len}: lower one or raise the "
+                     "other")
+    return args
 
 
 def make_batch(digits: list[torch.Tensor]):

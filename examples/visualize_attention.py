@@ -65,8 +65,8 @@ def main(argv=None) -> None:
                                          "default: the bundled all-MiniLM-L6-v2")
     parser.add_argument("--text", default=TEXT)
     parser.add_argument("--output", type=Path, default=Path("attention.png"))
-    parser.add_argument("--layers", type=int, nargs="+", help="layers to draw (default: all)")
-    parser.add_argument("--heads", type=int, nargs="+", help="heads to draw (default: all)")
+    parser.add_argument("--layers", type=_common.at_least(0), nargs="+", help="layers to draw (default: all)")
+    parser.add_argument("--heads", type=_common.at_least(0), nargs="+", help="heads to draw (default: all)")
     args = _common.parse(parser, argv)
     _common.require("matplotlib")  # before the conversion, not after it
 
