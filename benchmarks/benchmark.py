@@ -51,6 +51,8 @@ sys.path.insert(0, str(REPO))  # `conversion` is a top-level folder of the repos
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla  # noqa: E402
 from hf_vanilla.conversion.formats.bert2bert import bert2bert_tensors_to_vanilla, bert_seq2seq_config  # noqa: E402
 
+from _cli import at_least, child_output  # noqa: E402
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = 1e-5  # fp32, at real tokens
 CLS, SEP, PAD = 101, 102, 0  # bert-base-uncased's special ids
@@ -320,18 +322,18 @@ def max_rss_of(command) -> tuple[float, float]:
     (RUSAGE_CHILDREN keeps the maximum over every child ever waited for, so each measurement needs its own parent)."""
     probe = (
         "import resource, subprocess, sys, time; t = time.perf_counter(); "
-        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "status = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
+        "if status:  # its stderr is already the probe's\n    sys.exit(status)\n"
         "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
     )
-    out = subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, text=True,
-                         cwd=REPO).stdout.split()
+    out = child_output([sys.executable, "-c", probe, *command], case=" ".join(map(str, command)), cwd=REPO).split()
     return float(out[0]), int(out[1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
 def seconds_reported_by(code: str, *args) -> float:
     """Run `code` in a fresh Python process; it prints a duration last, which is returned."""
-    out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True, cwd=REPO)
-    return float(out.stdout.split()[-1])
+    out = child_output([sys.executable, "-c", code, *args], case=f"the timed code {code!r}", cwd=REPO)
+    return float(out.split()[-1])
 
 
 def timed(statement: str) -> str:
@@ -502,7 +504,8 @@ def main(argv=None):
     parser.add_argument("--generation-sizes", default="bert-base,small,tiny",
                         help=f"comma-separated bert2bert sizes, from: {', '.join(GENERATION_SIZES)}")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--threads", type=at_least(1), default=None,
+                        help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per case")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the where-the-time-goes table (matrix-product floor, profiler split)")

@@ -18,12 +18,15 @@ Needs matplotlib (the examples extra). Reads the JSON, writes the PNGs, nothing 
 
 import argparse
 import json
+import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # finds _cli.py also when a test loads this file by path
+from _cli import existing  # noqa: E402
 
 
 def speedup_chart(run: dict, path: Path) -> None:
@@ -88,7 +91,7 @@ def precision_chart(run: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", nargs="*", type=Path,
+    parser.add_argument("--results", nargs="*", type=existing("file"),
                         default=sorted((ROOT / "benchmarks" / "results").glob("*.json")),
                         help="runs kept as JSON (default: benchmarks/results/*.json)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "images", help="folder for the PNGs")

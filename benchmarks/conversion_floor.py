@@ -9,11 +9,12 @@ Prints each process's wall time (interpreter start included) and its split into 
 """
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _cli import child_output
 
 BARE = """
 import sys, time
@@ -43,8 +44,8 @@ def main(argv=None):
         print(f"bert-base checkpoint: {source.stat().st_size / 2**20:.0f} MiB")
         for _ in range(3):
             start = time.perf_counter()
-            split = subprocess.run([sys.executable, "-c", BARE, str(source), str(output)], check=True,
-                                   capture_output=True, text=True).stdout.strip()
+            split = child_output([sys.executable, "-c", BARE, str(source), str(output)],
+                                 case=f"the bare read-rename-write of {source}").strip()
             print(f"wall {time.perf_counter() - start:.2f} s ({split})")
 
 

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _cli import at_least, existing
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "embed_corpus.py"
 REPORT = re.compile(r"embedded (\d+) sentences in ([\d.]+) s \(([\d.]+) sentences/s\)")
@@ -92,9 +94,11 @@ def run(name, launcher, extra, env, model, corpus, output, count) -> tuple[float
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="a converted encoder folder (default: all-MiniLM-L6-v2, converted here)")
-    parser.add_argument("--input", help="a text file, one sentence per line (default: the Lee corpus's sentences)")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--model", type=existing("folder"),
+                        help="a converted encoder folder (default: all-MiniLM-L6-v2, converted here)")
+    parser.add_argument("--input", type=existing("file"),
+                        help="a text file, one sentence per line (default: the Lee corpus's sentences)")
+    parser.add_argument("--rounds", type=at_least(1), default=1)
     args = parser.parse_args(argv)
     import torch
 

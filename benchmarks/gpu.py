@@ -43,6 +43,8 @@ from benchmark import (  # noqa: E402  (the CPU benchmark's timing, models and b
 
 from hf_vanilla.conversion.parity import tolerance  # noqa: E402
 
+from _cli import at_least  # noqa: E402
+
 
 def cases(batch):
     return {
@@ -90,7 +92,7 @@ def run_case(name, lengths, dtype_name, models, device, settings):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated, from: bf16, fp32")
-    parser.add_argument("--batch", type=int, default=64, help="rows per batch")
+    parser.add_argument("--batch", type=at_least(1), default=64, help="rows per batch")
     parser.add_argument("--quick", action="store_true", help="fewer rounds: a smoke run")
     parser.add_argument("--device", default="cuda:0", help="cuda:0; cpu runs the same code, to check it without a GPU")
     args = parser.parse_args(argv)

@@ -28,7 +28,6 @@ Milliseconds per call: the median of each process, the CPU named in the header.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from _cli import at_least, child_output
 
 # The rest is imported where it is used: CTranslate2's process (`alone_child`) must not import onnx (the docstring).
 
@@ -102,7 +103,7 @@ def alone(engine: str, path: Path, threads: int, count: int) -> float:
     """The median seconds per call of `engine` in a process of its own (`alone_child`)."""
     command = [sys.executable, __file__, "--alone", str(path), "--engine", engine, "--threads", str(threads),
                "--calls", str(count)]
-    return statistics.median(json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout))
+    return statistics.median(json.loads(child_output(command, case=f"{engine} alone on {path}")))
 
 
 def alone_child(path: str, engine: str, threads: int, count: int) -> None:
@@ -180,8 +181,8 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--calls", type=int, default=12, help="timed calls per process (default 12)")
+    parser.add_argument("--threads", type=at_least(1), default=2)
+    parser.add_argument("--calls", type=at_least(1), default=12, help="timed calls per process (default 12)")
     parser.add_argument("--alone", help=argparse.SUPPRESS)  # the model an engine runs in a process of its own
     parser.add_argument("--engine", choices=list(ENGINES), help=argparse.SUPPRESS)  # which engine
     main(parser.parse_args())

@@ -25,6 +25,8 @@ from functools import partial
 import torch
 from torch.nn import functional as F
 
+from _cli import at_least
+
 SHAPES = [  # (out_features, in_features, rows)
     (3072, 768, 8), (768, 3072, 16), (30522, 768, 8), (30522, 256, 8), (3072, 768, 1024), (384, 384, 16), (32, 32, 8),
 ]
@@ -105,7 +107,8 @@ def sweep():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--threads", type=at_least(1), default=None,
+                        help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--sweep", action="store_true", help="every model shape x rows, paired, hot and cold")
     args = parser.parse_args()
     if args.threads:

@@ -17,7 +17,6 @@ backs. "auto" measures every engine before it chooses, so its load is the slowes
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _cli import at_least, child_output, shape  # noqa: E402
 from benchmarks.embed_corpus_engines import converted_minilm  # noqa: E402
 
 RUNTIMES = {"eager": None, "onnxruntime": {}, "onnxruntime owned": {"owned": True}, "openvino": {}, "auto": {},
@@ -82,9 +82,11 @@ def measured(model: Path, runtime: str, calls: int, cache: str, shapes: list) ->
     """The figures of `runtime` loading `model` and called `calls` times with each of `shapes`, in a fresh Python
     process."""
     options = json.dumps(RUNTIMES[runtime])
-    out = subprocess.run([sys.executable, "-c", PROBE, str(model), runtime, options, str(calls), cache,
-                          json.dumps(shapes)],
-                         check=True, capture_output=True, text=True, cwd=REPO).stdout
+    case = f"runtime {runtime!r} on {model}, " + (
+        f"{calls} calls of each of {', '.join(f'{rows}x{tokens}' for rows, tokens in shapes)}" if shapes else
+        "tracing its graph into the cache")
+    out = child_output([sys.executable, "-c", PROBE, str(model), runtime, options, str(calls), cache,
+                        json.dumps(shapes)], case=case, cwd=REPO)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -92,12 +94,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm", help=f"a converted checkpoint's folder, or one of {list(MODELS)} "
                                                           f"built here (default: minilm, all-MiniLM-L6-v2 converted)")
-    parser.add_argument("--calls", type=int, default=5, help="calls of each shape after the load")
-    parser.add_argument("--shapes", nargs="+", default=["8x128"], metavar="BxT",
+    parser.add_argument("--calls", type=at_least(1), default=5, help="calls of each shape after the load")
+    parser.add_argument("--shapes", nargs="+", type=shape, default=[(8, 128)], metavar="BxT",
                         help="request shapes (rows x tokens), called in turn; memory is printed after each")
     parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES))
     args = parser.parse_args()
-    shapes = [[int(size) for size in shape.split("x")] for shape in args.shapes]
+    if args.model not in MODELS and not any(Path(args.model).glob("*.safetensors")):
+        parser.error(f"argument --model: no checkpoint (*.safetensors) in {args.model}: pass a converted checkpoint's "
+                     f"folder, or one of {list(MODELS)}")
     from hf_vanilla.precision import cpu_name
 
     with tempfile.TemporaryDirectory(prefix="hf_vanilla-memory-") as folder:
@@ -106,12 +110,12 @@ def main() -> None:
         print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores; {model.name}: checkpoint {size:.0f} MiB; "
               f"MiB over the baseline (ratio to the checkpoint); {args.calls} calls of each shape")
         print(f"{'runtime':<20}{'after load':>16}{'anon':>8}{'load peak':>16}"
-              + "".join(f"{'after ' + shape:>16}" for shape in args.shapes))
+              + "".join(f"{f'after {rows}x{tokens}':>16}" for rows, tokens in args.shapes))
         cache = str(Path(folder) / "graphs")  # one cache for every runtime: its graphs are traced once
         for runtime in args.runtimes:
             if runtime.split()[0] not in ("eager", "auto"):  # its graph traced and cached first: a load as a server's
                 measured(model, runtime, 0, cache, [])
-            figures = measured(model, runtime, args.calls, cache, shapes)
+            figures = measured(model, runtime, args.calls, cache, args.shapes)
             print(f"{runtime:<20}" + "".join(f"{mib:>8.0f} ({mib / size:.2f})".rjust(16) if key != "anon" else
                                              f"{mib:>8.0f}" for key, mib in [
                                                  *((key, figures[key]) for key in ("load", "anon", "peak")),

@@ -28,7 +28,6 @@ import functools
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 import torch
 from transformers import BertModel
 
+from _cli import at_least, child_output
 from engines import cpu_header, graph_feeds, openvino_compile, ort_session
 
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
@@ -93,7 +93,7 @@ def alone(path: Path, threads: int, count: int, engine: str = "onnxruntime",
     round of the three contenders takes around each call."""
     command = [sys.executable, __file__, "--alone", str(path), "--engine", engine, "--gap", str(gap),
                "--threads", str(threads), "--rounds", str(count)]
-    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    return json.loads(child_output(command, case=f"{engine} alone on {path}"))
 
 
 # What runs alone: ONNX Runtime as made by default (its pool spins between calls), with its pool's spinning off, and
@@ -227,8 +227,8 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=80, help="rounds per reading (default 80)")
+    parser.add_argument("--threads", type=at_least(1), default=2)
+    parser.add_argument("--rounds", type=at_least(2), default=80, help="rounds per reading (default 80)")
     parser.add_argument("--alone", help=argparse.SUPPRESS)  # the graph an engine runs in a process of its own
     parser.add_argument("--engine", choices=list(ALONE), help=argparse.SUPPRESS)  # which engine
     parser.add_argument("--gap", type=float, help=argparse.SUPPRESS)  # seconds between its calls

@@ -52,6 +52,8 @@ from hf_vanilla.conversion.formats.bert import bert_to_vanilla
 from hf_vanilla.conversion.parity import tolerance  # the one rule, which tests/numerics.py applies too
 from hf_vanilla.precision import bf16_is_fast, cpu_flags, cpu_name, native_bf16_cpu
 
+from _cli import at_least
+
 ROWS, MICRO_BATCHES = 16, 4
 LONGEST_LARGE = 128  # the longest row of the bert-base and BART-base cases (MiniLM's: 256), to keep a run short
 PRECISIONS = {"float32": torch.float32, "bf16": torch.bfloat16}
@@ -417,8 +419,9 @@ def main(argv=None):
     parser.add_argument("--list", action="store_true", help="name the cases and stop")
     parser.add_argument("--precision", default=",".join(PRECISIONS),
                         help="comma-separated: float32, bf16 (CPU autocast, as Trainer(bf16=True)); default both")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per case (default 5; 0: the checks alone)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--rounds", type=at_least(0, " (0: the checks alone)"), default=5,
+                        help="timed rounds per case (default 5; 0: the checks alone)")
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.list:
