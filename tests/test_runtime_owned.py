@@ -227,6 +227,31 @@ def test_a_tensor_kept_from_before_attach_refuses_writes_until_given_back(held, 
     assert torch.equal(model.get_parameter(name), plain.get_parameter(name))
 
 
+def test_an_edit_loop_over_named_parameters_finds_the_weights_and_is_refused(held, graphs, engine_only):
+    """`for name, p in model.named_parameters(): if "up_proj" in name: p.mul_(1.5)`: the loop finds every name the
+    plain model lists, in its order, with its values, and the write is refused by name, where it would otherwise edit
+    nothing and say nothing. `parameters()` still yields the marker, through which `requires_grad_()` acts."""
+    torch.manual_seed(0)
+    plain = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    listed = dict(model.named_parameters())
+    assert list(listed) == [name for name, _ in plain.named_parameters()]
+    for name, tensor in plain.named_parameters():
+        assert torch.equal(listed[name], tensor), name
+    with pytest.raises(RuntimeError, match=rf"Writing a weight \(mul_\) is refused: runtime={held!r}.*{remove(held)[1]}"):
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "up_proj" in name:
+                    parameter.mul_(1.5)
+    assert [name for name, _ in model.base_model.named_parameters()] == \
+        [name for name, _ in plain.base_model.named_parameters()]
+    model.base_model.requires_grad_(False)
+    assert model.num_parameters(only_trainable=True) == plain.num_parameters() - plain.base_model.num_parameters()
+    inputs = batch()
+    with torch.inference_mode():
+        assert_close(model(**inputs).logits, plain(**inputs).logits)
+
+
 def test_a_write_from_another_thread_during_attach_is_refused_by_name(held, graphs, engine_only, monkeypatch):
     """A thread writing a weight while the engine is compiled: refused where it writes, naming the engine (not
     found later as a graph that differs from PyTorch)."""

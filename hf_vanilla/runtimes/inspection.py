@@ -1,6 +1,6 @@
 """What a user or a library asks of a model whose encoder weights an engine holds, to inspect it
-(hf_vanilla/runtimes/owned.py says why the engine holds them): the parameter count, the memory footprint and the
-lookups by name, answered from the engine's copy under the body's names, as PyTorch would answer them without the
+(hf_vanilla/runtimes/owned.py says why the engine holds them): the parameter count, the memory footprint, the
+parameters by name and the lookups by name, answered from the engine's copy under the body's names, as PyTorch would answer them without the
 engine. `hold` puts these answers on each PreTrainedModel of a model it holds (`answer_for_held`)."""
 
 import functools
@@ -12,13 +12,16 @@ from .holding import HeldTensor, HeldWeights, raw_attr
 
 # The methods answered on each PreTrainedModel of a model an engine holds, for the weights the engines hold.
 _LOOKUPS = (("get_parameter", {True}), ("get_buffer", {False}), ("get_parameter_or_buffer", {True, False}))
-HOLD_METHODS = ("num_parameters", "get_memory_footprint", *(name for name, _ in _LOOKUPS))
+HOLD_METHODS = ("num_parameters", "get_memory_footprint", "named_parameters", "parameters",
+                *(name for name, _ in _LOOKUPS))
 
 
 def answer_for_held(module) -> None:
     """Put the answers of this module on `module` (a PreTrainedModel), as attributes of the instance."""
     vars(module).update(num_parameters=functools.partial(num_parameters, module),
-                        get_memory_footprint=functools.partial(memory_footprint, module))
+                        get_memory_footprint=functools.partial(memory_footprint, module),
+                        named_parameters=functools.partial(named_parameters, module),
+                        parameters=functools.partial(parameters, module))
     vars(module).update({name: functools.partial(or_held, getattr(type(module), name), kinds, module)
                          for name, kinds in _LOOKUPS if hasattr(type(module), name)})
 
@@ -30,7 +33,7 @@ def held_tensors(model, buffers: bool = False):
     engines = {path: engine for path, module in model.named_modules()
                if isinstance(engine := engine_of(module), HeldWeights)}
     markers = {f"{path}.{engine.marker}" if path else engine.marker for path, engine in engines.items()}
-    for name, tensor in model.named_buffers() if buffers else model.named_parameters():
+    for name, tensor in model.named_buffers() if buffers else torch.nn.Module.named_parameters(model):
         if name not in markers:
             yield name, tensor, tensor.requires_grad
     for path, engine in engines.items():
@@ -42,6 +45,36 @@ def held_tensors(model, buffers: bool = False):
                 seen.add(id(tensor))
                 trainable = parameter and (not engine.trainable if toggled else name not in engine.frozen)
                 yield f"{path}.{name}" if path else name, tensor, trainable
+
+
+def named_parameters(model, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+    """`nn.Module.named_parameters`, listing each weight an engine holds under its name, as its read-only view
+    (`HeldTensor`), where PyTorch would list the engine's empty marker: an edit loop by name (`if "up_proj" in name:
+    p.mul_(1.5)`) finds what it finds in the plain model, and its write is refused by name rather than finding
+    nothing. `parameters()` still yields the marker (`parameters` below): what acts on all of them at once
+    (`requires_grad_()`, an optimizer, `model.dtype`) acts on the engine through it."""
+    seen = set()
+    modules = model.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, model)]
+    for path, module in modules:
+        engine = engine_of(module)
+        marker = engine.marker if isinstance(engine, HeldWeights) else None
+        listed = [(name, tensor) for name, tensor in module._parameters.items() if name != marker]
+        taken = vars(module).get("extra_repr")
+        if isinstance(taken, functools.partial) and isinstance(taken.args[0], HeldWeights):  # `held_repr`
+            listed += [(name, view) for name in taken.args[0].held.get(taken.args[1], ())
+                       if isinstance(view := vars(module).get(name), HeldTensor) and view.parameter]
+        for name, tensor in listed:
+            if tensor is None or (remove_duplicate and id(tensor) in seen):
+                continue
+            seen.add(id(tensor))
+            yield f"{path}.{name}" if path else name, tensor
+
+
+def parameters(model, recurse: bool = True):
+    """`nn.Module.parameters` as PyTorch lists them: the engines' markers where they hold the weights (the module
+    docstring of hf_vanilla/runtimes/owned.py says why)."""
+    for _, tensor in torch.nn.Module.named_parameters(model, recurse=recurse):
+        yield tensor
 
 
 def num_parameters(model, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
