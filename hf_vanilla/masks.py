@@ -21,19 +21,32 @@ from torch import nn
 from .kernels import is_tracing
 
 
-def additive_mask(mask, dtype):
+def additive_mask(mask, dtype, sdpa: bool = False):
     """1/0 (or bool) mask (..., S) -> 0 where attending is allowed, the dtype's minimum where it is not.
 
-    A query that may attend to nothing (a row that is all padding) is let attend to every key instead: its output
-    is meaningless either way, but a row of minima overflows to -inf in float16 (score + min < -65504) and the
-    softmax of an all -inf row is NaN."""
+    A query that may attend to nothing (every query of an all-padding row; a left-padded row's first positions in a
+    causal stack; a target reading an all-padding source) gets what transformers gives it, so that a loss or a
+    pooled output over such a row agrees with transformers' models:
+    - eager attention: a row of minima, which swamps every score (score + min rounds to min), so the softmax
+      averages every key's value uniformly;
+    - `sdpa` (the mask goes to torch's scaled_dot_product_attention): a row of -inf, for which torch's kernels
+      return zeros, as they do for transformers' boolean masks.
+    Two exceptions keep every output finite. A traced graph keeps the minima for sdpa too (another engine's softmax
+    of an all -inf row may be NaN, and zero weights would spread a NaN value), averaging every value as eager
+    attention does. In float16, outside sdpa's -inf, the row attends to every key, its scores unmasked: score + min
+    < -65504 overflows to -inf there, and the softmax of an all -inf row is NaN."""
     allowed = mask.bool()
-    allowed = allowed | ~allowed.any(-1, keepdim=True)  # (..., S): fully masked rows become fully open
-    return (~allowed).to(dtype) * torch.finfo(dtype).min
+    empty = ~allowed.any(-1, keepdim=True)  # (..., 1): queries with no key to attend to
+    additive = (~allowed).to(dtype) * torch.finfo(dtype).min
+    if sdpa and not is_tracing():
+        return additive.masked_fill(empty, float("-inf"))
+    if dtype == torch.float16:
+        return additive.masked_fill(empty, 0)
+    return additive
 
 
 def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device,
-                        sequences=None):
+                        sequences=None, sdpa: bool = False):
     """The additive mask (B|1, 1, T|1, S) self-attention adds to its scores, or None when nothing is hidden.
 
     - A 4-D mask is the caller's final word: used as given (True/1 = attend, or already additive).
@@ -43,14 +56,17 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
       future of every query, so causality hides them too.
     - `sequences` (B, T), for sequences packed end to end in a row (packing.sequence_ids): a query sees only the
       keys of its own sequence.
+    - `sdpa`: the mask goes to torch's scaled_dot_product_attention: a query with no key to attend to is given
+      what sdpa gives it in transformers, zeros, rather than eager attention's average (`additive_mask`).
     """
     if attention_mask is not None and attention_mask.dim() == 4:
-        return given_mask(attention_mask, dtype)
+        return given_mask(attention_mask, dtype, sdpa)
     padded = has_padding(attention_mask)
     if not causal:
         if sequences is not None:  # no padding mask beside packed sequences (packing.sequence_ids refuses both)
-            return additive_mask((sequences[:, :, None] == sequences[:, None, :])[:, None], dtype)  # (B, 1, T, T)
-        return additive_mask(attention_mask[:, None, None, :], dtype) if padded else None  # (B, 1, 1, S)
+            same = sequences[:, :, None] == sequences[:, None, :]  # (B, T, T)
+            return additive_mask(same[:, None], dtype, sdpa)  # (B, 1, T, T)
+        return additive_mask(attention_mask[:, None, None, :], dtype, sdpa) if padded else None  # (B, 1, 1, S)
     if query_length == 1 and not padded and isinstance(past_length, int) and key_length == past_length + 1:
         return None  # one new token may see every key: nothing to mask
     query_pos = torch.arange(query_length, device=device) + past_length  # (T,)
@@ -64,7 +80,7 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
         keys = attention_mask.bool()  # (B, past + T)
         keys = nn.functional.pad(keys, (0, key_length - keys.shape[-1]))  # a static cache's unused slots
         allowed = allowed & keys[:, None, None, :]  # (B, 1, T, S)
-    return additive_mask(allowed, dtype)
+    return additive_mask(allowed, dtype, sdpa)
 
 
 @functools.lru_cache(maxsize=256)
@@ -81,26 +97,29 @@ def sequence_causal_mask(length: int, dtype, device, implementation: str):
     return self_attention_mask(None, length, 0, length, True, dtype, device)
 
 
-def given_mask(mask, dtype):
+def given_mask(mask, dtype, sdpa: bool = False):
     """A 4-D mask (B|1, 1, T|1, S), the caller's final word, in the additive convention: a float mask is additive
     already (0 / a large negative number), a bool or 1/0 one is converted."""
-    return mask.to(dtype) if mask.is_floating_point() else additive_mask(mask, dtype)
+    return mask.to(dtype) if mask.is_floating_point() else additive_mask(mask, dtype, sdpa)
 
 
-def cross_attention_mask(encoder_attention_mask, dtype, sequences=None, encoder_sequences=None):
+def cross_attention_mask(encoder_attention_mask, dtype, sequences=None, encoder_sequences=None,
+                         sdpa: bool = False):
     """The additive mask (B, 1, 1, S) cross-attention adds to its scores: the source's padding keys hidden (section
     3.2.3: every target position attends over all source positions), or None without a source mask. With packed
     sequences (`sequences` (B, T) for the target, `encoder_sequences` (B, S) for the source), target sequence i reads
     source sequence i alone: (B, 1, T, S). A 4-D source mask (B|1, 1, T|1, S) is used as given, target position t
-    reading its row t, as transformers' encoder-decoders pass a custom 4-D mask on to cross-attention."""
+    reading its row t, as transformers' encoder-decoders pass a custom 4-D mask on to cross-attention. `sdpa`: as in
+    `self_attention_mask` (a target row reading an all-padding source has no key)."""
     if encoder_attention_mask is not None and encoder_attention_mask.dim() == 4:
-        return given_mask(encoder_attention_mask, dtype)
+        return given_mask(encoder_attention_mask, dtype, sdpa)
     if sequences is not None and encoder_sequences is not None:
         same = sequences[:, :, None] == encoder_sequences[:, None, :]  # (B, T, S)
         if encoder_attention_mask is not None:
             same = same & encoder_attention_mask.bool()[:, None, :]
-        return additive_mask(same[:, None], dtype)  # (B, 1, T, S)
-    return None if encoder_attention_mask is None else additive_mask(encoder_attention_mask[:, None, None, :], dtype)
+        return additive_mask(same[:, None], dtype, sdpa)  # (B, 1, T, S)
+    return None if encoder_attention_mask is None else additive_mask(encoder_attention_mask[:, None, None, :], dtype,
+                                                                     sdpa)
 
 
 def has_padding(mask) -> bool:

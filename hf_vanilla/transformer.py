@@ -409,7 +409,7 @@ class VanillaStack(nn.Module):
                           encoder_attention_mask=encoder_attention_mask, encoder_position_ids=encoder_position_ids)
         hidden_states = self._embed(plan, input_ids, token_type_ids, inputs_embeds, attention_mask)
         mask, cross_mask = self._masks(plan, attention_mask, encoder_attention_mask, past_length, cache,
-                                       hidden_states.dtype, hidden_states.device)
+                                       hidden_states.dtype, hidden_states.device, output_attentions)
         memory = plan.pack_source(encoder_hidden_states)  # (B, S, E), or (M, E) beside a packed target
         # The N layers (section 3.1): each reads the previous one's output.
         all_hidden_states, all_self, all_cross = [hidden_states], [], []
@@ -488,13 +488,18 @@ class VanillaStack(nn.Module):
                 ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
         return hidden_states
 
-    def _masks(self, plan, attention_mask, encoder_attention_mask, past_length, cache, dtype, device):
+    def _masks(self, plan, attention_mask, encoder_attention_mask, past_length, cache, dtype, device,
+               output_attentions):
         """The padded path's additive masks (masks.py) from the plan: self-attention's (B|1, 1, T|1, S) and
-        cross-attention's; (None, None) on the padding-free path, where attention runs within each sequence."""
+        cross-attention's; (None, None) on the padding-free path, where attention runs within each sequence. They are
+        made for the kernel that reads them (eager where attention maps are asked for): a query with no key to
+        attend to gets what that kernel gives it in transformers (masks.additive_mask)."""
         if plan.packed is not None:
             return None, None
         T = plan.shape[1]
         key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
+        sdpa = not output_attentions and self.config._attn_implementation == "sdpa"
         mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder, dtype, device,
-                                   plan.sequences)
-        return mask, cross_attention_mask(encoder_attention_mask, dtype, plan.sequences, plan.encoder_sequences)
+                                   plan.sequences, sdpa=sdpa)
+        return mask, cross_attention_mask(encoder_attention_mask, dtype, plan.sequences, plan.encoder_sequences,
+                                          sdpa=sdpa)
