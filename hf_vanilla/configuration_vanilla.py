@@ -235,6 +235,10 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
             warm-started bert2bert keeps two. Needs `tie_word_embeddings`, which transformers' tying follows;
             `None` (the default) follows it, so `tie_word_embeddings=False` alone unties everything.
         lm_head_transform: apply BERT's dense + activation + LayerNorm before the output projection (bert2bert).
+        trainable_logits_bias: train the output projection's bias (`lm_head.decoder.bias`, as BERT's decoder does)
+            or keep it a buffer, saved and never trained, as BART and Marian keep their `final_logits_bias` (the
+            BART and Marian converters set False, so that a converted model trains what transformers' class
+            trains). Either way the checkpoint holds it under the same key.
         bos_token_id, eos_token_id, decoder_start_token_id: special ids used by `generate`; the sequence
             classification head reads the decoder state at the last `eos_token_id`.
     """
@@ -275,6 +279,7 @@ class VanillaSeq2SeqConfig(_VanillaConfig):
     decoder_intermediate_size: int | None = None
     share_encoder_decoder_embeddings: bool | None = None
     lm_head_transform: bool = False
+    trainable_logits_bias: bool = True
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 1

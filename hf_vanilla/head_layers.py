@@ -19,17 +19,31 @@ class VanillaLMHead(nn.Module):
     """Scores every vocabulary entry at every position: (..., E) -> (..., V).
 
     The output projection is the token embedding matrix (section 3.4), tied by `_tied_weights_keys`. BERT first
-    applies dense + activation + LayerNorm (`transform`); the paper projects directly.
+    applies dense + activation + LayerNorm (`transform`); the paper projects directly. Its bias (`decoder.bias`) is
+    trained, as BERT's is, or, with `trainable_bias=False`, a buffer saved under the same name and never trained, as
+    BART's and Marian's `final_logits_bias` is (and BartForCausalLM, which has none, keeps zeros there): a converted
+    model then trains the parameters the source's class trains.
     """
 
-    def __init__(self, config, transform: bool):
+    def __init__(self, config, transform: bool, trainable_bias: bool = True):
         super().__init__()
         if transform:
             self.dense = VanillaLinear(config.hidden_size, config.embedding_size)
             self.act = ACT2FN[config.hidden_act]
             self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.transform = transform
-        self.decoder = VanillaLinear(config.embedding_size if transform else config.hidden_size, config.vocab_size)
+        self.trainable_bias = trainable_bias
+        self.set_projection(VanillaLinear(config.embedding_size if transform else config.hidden_size,
+                                          config.vocab_size))
+
+    def set_projection(self, linear: nn.Linear):
+        """Make `linear` the output projection `decoder` (resizing the vocabulary builds a new one), its bias turned
+        into a buffer unless `trainable_bias`."""
+        if not self.trainable_bias and isinstance(linear.bias, nn.Parameter):
+            bias = linear.bias.detach()
+            del linear.bias  # a parameter, until registered as a buffer of the same name (and state-dict key)
+            linear.register_buffer("bias", bias)
+        self.decoder = linear
 
     def forward(self, hidden_states):
         if self.transform:

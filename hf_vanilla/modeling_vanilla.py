@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -107,7 +108,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
             table = sinusoidal_position_table(*module.position_table.shape, self.config.sinusoidal_layout)
             module.position_table.copy_(table.to(module.position_table.device))
         elif isinstance(module, VanillaLMHead):
-            module.decoder.bias.zero_()
+            init.zeros_(module.decoder.bias)
 
     def get_input_embeddings(self):
         """The token embeddings of the body's stack that reads the input (`input_stack`); a head's are its body's."""
@@ -125,7 +126,7 @@ class VanillaPreTrainedModel(PreTrainedModel):
         return self.lm_head.decoder if hasattr(self, "lm_head") else None
 
     def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
+        self.lm_head.set_projection(new_embeddings)
 
     def _output(self, output_class, body_output, return_dict, **head_fields):
         """A head's output: `output_class` holding the head's own fields (loss, logits, ...) and, for every other
@@ -605,7 +606,8 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Gene
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
-        self.lm_head = VanillaLMHead(config, transform=config.lm_head_transform)
+        self.lm_head = VanillaLMHead(config, transform=config.lm_head_transform,
+                                     trainable_bias=config.trainable_logits_bias)
         # The output projection reads the target embedding matrix (section 3.4), itself shared with the source
         # when `share_encoder_decoder_embeddings`; tie both directly to their one source.
         embedding = "model.encoder" if config.share_encoder_decoder_embeddings else "model.decoder"
@@ -778,7 +780,8 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(_decoder_only(config))
         self.model = VanillaDecoderModel(self.config)
-        self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform)
+        self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform,
+                                     trainable_bias=self.config.trainable_logits_bias)
         self.post_init()
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -397,15 +397,15 @@ def backward(model, **inputs):
     return out
 
 
-def assert_reference_gradients(ours, reference, renamed=None, skipped=()):
+def assert_reference_gradients(ours, reference, renamed=None):
     """Every gradient of ours equals the reference's for the same parameter. The conversion shares the reference's
     tensors, so each of ours is found by its storage; `renamed` names the counterparts of the few it copies (ours ->
-    reference name), `skipped` those without one. Every reference parameter with a gradient is compared."""
+    reference name). Every reference parameter with a gradient is compared."""
     theirs = {p.data_ptr(): name for name, p in reference.named_parameters()}
     reference_parameters = dict(reference.named_parameters())
     compared = set()
     for name, parameter in ours.named_parameters():
-        if parameter.grad is None or name in skipped:
+        if parameter.grad is None:
             continue
         counterpart = (renamed or {}).get(name) or theirs[parameter.data_ptr()]
         assert_close(parameter.grad, reference_parameters[counterpart].grad, msg=f"gradient of {name} ({counterpart})")
@@ -475,8 +475,7 @@ def test_seq2seq_scores_labelled_padding_as_bart(packed_batches):
         expected, out = backward(reference, **inputs), backward(ours, **inputs)
         assert len(packed_batches) == packed
         assert_close(out.loss, expected.loss.detach(), msg="loss")
-        # BART keeps its output bias as a buffer (final_logits_bias): it has no gradient to compare.
-        assert_reference_gradients(ours, reference, skipped={"lm_head.decoder.bias"})
+        assert_reference_gradients(ours, reference)
 
 
 def test_decoder_only_scores_as_bart_for_causal_lm():
@@ -490,7 +489,7 @@ def test_decoder_only_scores_as_bart_for_causal_lm():
     for labels in (dict(labels=input_ids), dict(shift_labels=next_ids)):
         out = backward(ours, input_ids=input_ids, attention_mask=mask, **labels)
         assert_close(out.loss, expected.loss.detach(), msg=f"loss with {next(iter(labels))}")
-        assert_reference_gradients(ours, reference, skipped={"lm_head.decoder.bias"})
+        assert_reference_gradients(ours, reference)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -512,7 +511,7 @@ def test_packed_pairs_with_bart_positions_match_bart_pair_by_pair(attn):
     assert_close(out.encoder_last_hidden_state[0], encoder_states.detach(), msg="encoder states")
     assert_close(out.logits[0], logits.detach(), msg="logits")
     assert_close(out.loss, loss.detach(), msg="loss")
-    assert_reference_gradients(ours, reference, skipped={"lm_head.decoder.bias"})
+    assert_reference_gradients(ours, reference)
 
 
 @pytest.mark.parametrize("positions", [[0, 2, 4, 6, 8, 10], [0, 0, 1, 1, 2, 2], [0, 1, 2, 3, 3, 3]])

@@ -103,6 +103,7 @@ def fairseq_config(source: dict, title: str, default_ids: dict[str, int], **choi
         scale_embeddings=source.get("scale_embedding", False),
         pre_norm=False,
         lm_head_transform=False,
+        trainable_logits_bias=False,  # `final_logits_bias` is a buffer: BART and Marian never train it
         share_encoder_decoder_embeddings=shared and source.get("tie_word_embeddings", True),
         tie_word_embeddings=source.get("tie_word_embeddings", True),
         bos_token_id=source.get("bos_token_id"),

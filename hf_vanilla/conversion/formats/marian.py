@@ -4,7 +4,8 @@
 `python -m conversion to-marian` maps it back. Both read one key table (`marian_table`, the reverse right to left),
 so the round trip returns every tensor bit for bit; `FORMAT` below is the data, and the flow is conversion/flow.py.
 Marian is the paper's model with three choices of its own: swish, sinusoids stored sines-then-cosines
-("concatenated"), and a final logits bias (our output projection's bias). Its layers carry fairseq's names, as BART's
+("concatenated"), and a final logits bias (our output projection's bias, a buffer never trained, as Marian's is:
+`trainable_logits_bias=False`, set by fairseq.py for BART too). Its layers carry fairseq's names, as BART's
 do (fairseq.py holds that table).
 """
 
