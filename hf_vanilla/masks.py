@@ -32,8 +32,8 @@ def additive_mask(mask, dtype, sdpa: bool = False):
     - `sdpa` (the mask goes to torch's scaled_dot_product_attention): a row of -inf, for which torch's kernels
       return zeros, as they do for transformers' boolean masks.
     Two exceptions keep every output finite. A traced graph keeps the minima for sdpa too (another engine's softmax
-    of an all -inf row may be NaN, and zero weights would spread a NaN value), averaging every value as eager
-    attention does. In float16, outside sdpa's -inf, the row attends to every key, its scores unmasked: score + min
+    of an all -inf row may be NaN, and zero weights would spread a NaN value), and zeroes such a query's output after
+    the kernel (`attends`), so an engine answers what PyTorch's sdpa does. In float16, outside sdpa's -inf, the row attends to every key, its scores unmasked: score + min
     < -65504 overflows to -inf there, and the softmax of an all -inf row is NaN."""
     allowed = mask.bool()
     empty = ~allowed.any(-1, keepdim=True)  # (..., 1): queries with no key to attend to
@@ -43,6 +43,12 @@ def additive_mask(mask, dtype, sdpa: bool = False):
     if dtype == torch.float16:
         return additive.masked_fill(empty, 0)
     return additive
+
+
+def attends(attention_mask):
+    """(B|1, 1, T|1, 1): 1 where a query of the additive `attention_mask` (B|1, 1, T|1, S) has a key to attend to,
+    0 where every key carries the dtype's minimum."""
+    return (attention_mask > torch.finfo(attention_mask.dtype).min).any(-1, keepdim=True).to(attention_mask.dtype)
 
 
 def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device,

@@ -38,7 +38,7 @@ from transformers.utils import TransformersKwargs
 
 from .compat import CACHE_FIELD, cache_field, flex_attention_forward
 from .kernels import VanillaLinear, is_tracing
-from .masks import cross_attention_mask, has_padding, self_attention_mask
+from .masks import attends, cross_attention_mask, has_padding, self_attention_mask
 from .packing import (BatchPlan, PackedBatch, attend_within_sequences, batch_sequences, can_pack, can_pack_source,
                       neighbours, positions_within)
 from .validation import check_inputs, positions_counted_from_zero, self_attention_cache
@@ -151,6 +151,8 @@ def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, d
     context = nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
     )  # (B, H, T, D)
+    if attention_mask is not None and is_tracing():  # a query with no key gets zeros, as the kernel gives an -inf
+        context = context * attends(attention_mask)  # row; a graph keeps finite minima there (masks.additive_mask)
     return context.transpose(1, 2), None
 
 
