@@ -33,8 +33,9 @@ def additive_mask(mask, dtype, sdpa: bool = False):
       return zeros, as they do for transformers' boolean masks.
     Two exceptions keep every output finite. A traced graph keeps the minima for sdpa too (another engine's softmax
     of an all -inf row may be NaN, and zero weights would spread a NaN value), and zeroes such a query's output after
-    the kernel (`attends`), so an engine answers what PyTorch's sdpa does. In float16, outside sdpa's -inf, the row attends to every key, its scores unmasked: score + min
-    < -65504 overflows to -inf there, and the softmax of an all -inf row is NaN."""
+    the kernel (`attends`), so an engine answers what PyTorch's sdpa does. In float16, outside sdpa's -inf, the row
+    attends to every key, its scores unmasked: score + min < -65504 overflows to -inf there, and the softmax of an all
+    -inf row is NaN."""
     allowed = mask.bool()
     empty = ~allowed.any(-1, keepdim=True)  # (..., 1): queries with no key to attend to
     additive = (~allowed).to(dtype) * torch.finfo(dtype).min
