@@ -121,6 +121,17 @@ def resized_embeddings(model, embeddings, new_num_tokens, pad_to_multiple_of, me
     return model._get_resized_embeddings(embeddings, new_num_tokens, pad_to_multiple_of, mean_resizing)
 
 
+def ordinary_decoding(model, generation_config):
+    """transformers' own decoding loop for `generation_config`'s mode, unbound, as `generate` calls it (`_sample` for
+    greedy search and sampling, `_beam_search` for beam search), or None for a mode it loads from the Hub. A
+    `custom_generate` callable that steps aside (decoding.py) runs it on what `generate` prepared: no public name
+    reaches it. Private: `GENERATION_MODES_MAPPING` and the methods it names."""
+    from transformers.generation.utils import GENERATION_MODES_MAPPING
+
+    name = GENERATION_MODES_MAPPING.get(generation_config.get_generation_mode())
+    return None if name is None or "/" in name else getattr(type(model), name)
+
+
 # The attributes a config stores behind the public properties that can change between calls without changing what a
 # model computes: `output_attentions` (stored as `_output_attentions`), `_attn_implementation` (stored as
 # `_attn_implementation_internal`: a choice among kernels of one function), `_experts_implementation`
@@ -132,4 +143,4 @@ CONFIG_STORED_PER_CALL = ("_output_attentions", "_attn_implementation_internal",
 
 
 __all__ = ["CACHE_FIELD", "CONFIG_STORED_PER_CALL", "LARGEST_EXPORTED_SIZE", "cache_field", "export_axis",
-           "flex_attention_forward", "one_cache", "resized_embeddings"]
+           "flex_attention_forward", "one_cache", "ordinary_decoding", "resized_embeddings"]

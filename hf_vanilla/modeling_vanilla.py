@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
+from transformers import PreTrainedModel, initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -34,6 +33,7 @@ from transformers.utils import TransformersKwargs
 
 from .compat import one_cache, resized_embeddings
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
+from .decoding import VanillaGenerationMixin
 from .head_layers import VanillaLMHead, VanillaReplacedTokenHead, classifier_layers
 from .heads import MODELS
 from .kernels import VanillaLinear, is_tracing
@@ -264,7 +264,7 @@ class VanillaEncoderForMaskedLM(VanillaEncoderPreTrainedModel):
                             logits=logits.all)
 
 
-class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, GenerationMixin):
+class VanillaEncoderForCausalLM(VanillaEncoderPreTrainedModel, VanillaGenerationMixin):
     """BERT's causal language model (transformers' `BertLMHeadModel`): the encoder masked to the past, with the
     masked-LM head predicting the next token, and `generate()` with a key/value cache. It is causal whatever the
     config says (its copy has `is_decoder=True`): BERT's own class runs bidirectionally without the flag."""
@@ -600,7 +600,7 @@ class VanillaSeq2SeqPreTrainedModel(VanillaPreTrainedModel):
         self.model = VanillaSeq2SeqModel(config)
 
 
-class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, GenerationMixin):
+class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, VanillaGenerationMixin):
     """The encoder-decoder with its output projection: P(next target token | source, target so far), trained with
     teacher forcing and sampled with `generate()` (greedy, beam search, sampling, with a key/value cache)."""
 
@@ -768,7 +768,7 @@ class VanillaDecoderModel(VanillaPreTrainedModel):
         return self._output(BaseModelOutputWithPastAndCrossAttentions, out, return_dict)
 
 
-class VanillaDecoderForCausalLM(VanillaPreTrainedModel, GenerationMixin):
+class VanillaDecoderForCausalLM(VanillaPreTrainedModel, VanillaGenerationMixin):
     """The decoder alone with its output projection: P(next token | tokens so far), trained on shifted labels and
     sampled with `generate()`. The third transformer family, next to the encoder and the encoder-decoder."""
 

@@ -1,0 +1,470 @@
+"""Greedy and beam-search decoding for the generative models, behind `generate()`: the loop as its arithmetic.
+
+transformers' `generate` calls the model's whole forward for every new token: input checks, the batch's plan, masks
+and a cache grown by concatenation, around one token per row. Here `generate` prepares as transformers does (its own
+code: the generation config, the encoder's pass, the logits processors and stopping criteria) and hands the loop to
+this module, which decodes where the request is one it covers and runs transformers' own loop on the same
+preparation otherwise. Its step:
+
+- writes self-attention keys and values into a cache allocated once for the whole generation, where they stay:
+  reordering beams rewrites which slots each beam reads (`CachedDecoder`), not the cache;
+- computes cross-attention keys and values once per source; the beams of a source read them together (their queries
+  side by side), so they are never copied per beam;
+- calls the decoder's own modules (embeddings, projections, norms, feed-forward, output projection) on the new token
+  of every row, so it reads the live weights at every call and keeps nothing derived from the model; int8
+  (`quantize_int8`) and bf16 models take the same step.
+
+The loops are whole-batch tensor operations, step for step those of transformers' `_sample` (greedy) and
+`_beam_search`: the same scores, processors, top-k and tie order, hence transformers' tokens.
+
+Covered: `VanillaSeq2SeqForConditionalGeneration`, `VanillaDecoderForCausalLM` and `VanillaEncoderForCausalLM` in eval
+mode with "sdpa" or "eager" attention; greedy search and beam search (`num_beams`, `num_return_sequences`,
+`length_penalty`, `early_stopping`), `max_length` / `max_new_tokens`, `min_length` / `min_new_tokens`, one or several
+`eos_token_id`, a decoder prompt (`decoder_input_ids`), a left-padded prompt for the decoder-only models, and the
+processors `bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `forced_bos_token_id`, `forced_eos_token_id`,
+`no_repeat_ngram_size`, `repetition_penalty`, `sequence_bias`, `remove_invalid_values`, `renormalize_logits`.
+Anything else takes transformers' loop: sampling, other modes, assistant models, streamers, `logits_processor` /
+`stopping_criteria` / `prefix_allowed_tokens_fn` passed in, `return_dict_in_generate` (scores, attentions, hidden
+states), a cache passed in or `cache_implementation`, `use_cache=False`, `stop_strings`, `max_time`, embeddings as
+input, a decoder attention mask, training mode, other attention backends, hooks on the decoder, distributed models.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.generation import (
+    EosTokenCriteria, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, GenerationMode,
+    InfNanRemoveLogitsProcessor, LogitNormalization, MaxLengthCriteria, MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+
+from .compat import ordinary_decoding
+from .masks import additive_mask, cross_attention_mask
+from .transformer import VanillaStack, eager_attention_forward
+
+# `generate` arguments that take transformers' loop whatever the rest says: they change the loop itself, or reach it
+# only through transformers' own decoding methods (a `custom_generate` callable is not handed them).
+STEP_ASIDE_ARGUMENTS = (
+    "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus", "assistant_model", "streamer",
+    "negative_prompt_ids", "negative_prompt_attention_mask", "custom_generate", "tokenizer", "assistant_tokenizer",
+    "cache", "past_key_values", "inputs_embeds", "decoder_inputs_embeds", "decoder_attention_mask",
+    "decoder_position_ids",
+)
+# Processors called as they are: whole-batch tensor operations, the same object transformers' loop would call.
+CALLED_AS_THEY_ARE = (
+    ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, InfNanRemoveLogitsProcessor, LogitNormalization,
+)
+MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH)
+
+
+class VanillaGenerationMixin(GenerationMixin):
+    """transformers' `GenerationMixin`, whose `generate` decodes in this module where it covers the request (the
+    module docstring lists what it covers) and in transformers' loop otherwise, with the same tokens either way."""
+
+    def generate(self, *args, **kwargs):
+        if len(args) > 2 or any(_given(kwargs.get(name)) for name in STEP_ASIDE_ARGUMENTS) or decoder_of(self) is None:
+            return super().generate(*args, **kwargs)
+
+        def decode(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+            run = plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+            if run is not None:
+                return beam_search(run) if run.beams > 1 else greedy_search(run)
+            loop = ordinary_decoding(self, generation_config)
+            if loop is None:  # a mode transformers loads from the Hub: its own `generate` says how
+                return GenerationMixin.generate(self, *args, **kwargs)
+            return loop(self, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                        generation_config=generation_config, **model_kwargs)
+
+        return super().generate(*args, custom_generate=decode, **kwargs)
+
+
+def _given(value) -> bool:
+    """An argument that asks for something: set, and not an empty list (of processors or criteria) nor False."""
+    return value is not None and value is not False and not (isinstance(value, list) and not value)
+
+
+def decoder_of(model):
+    """The decoder stack `model` generates with, where this module can step it: a decoder (causal) stack of
+    hf_vanilla's, in eval mode, on an attention this step computes, with no hook on it or on the output projection
+    (a hook on a module the step does not call, as Accelerate's offloading puts on layers, would be skipped), on a
+    single process. Else None."""
+    body = getattr(model, "base_model", None)
+    name = "decoder" if model.config.is_encoder_decoder else getattr(body, "input_stack", None)
+    stack, head = getattr(body, name or "", None), getattr(model, "lm_head", None)
+    if not isinstance(stack, VanillaStack) or not stack.is_decoder or head is None or model.training:
+        return None
+    if model.config._attn_implementation not in ("sdpa", "eager"):
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return None
+    for module in (*stack.modules(), *head.modules()):
+        if module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
+            return None
+    return stack
+
+
+# ---- the plan: what the request asks, and whether this module covers it -------------------------------------------
+
+
+class Run:
+    """One generation: the decoder with its cache, the prompt, and what the loop reads from the generation config."""
+
+    def __init__(self, decoder, input_ids, processors, max_length, eos, pad, config):
+        self.decoder, self.input_ids, self.processors = decoder, input_ids, processors
+        self.max_length, self.eos, self.pad = max_length, eos, pad  # eos: (n,) ids or None; pad: an id or None
+        self.beams, self.num_return_sequences = config.num_beams, config.num_return_sequences
+        self.length_penalty, self.early_stopping = config.length_penalty, config.early_stopping
+
+    def process(self, input_ids, scores):
+        """The logits processors, in transformers' order, on (R, V) scores (written in place where they can be)."""
+        for processor in self.processors:
+            scores = processor(input_ids, scores)
+        return scores
+
+    def stops(self, input_ids):
+        """transformers' MaxLengthCriteria | EosTokenCriteria on (R, length) ids: (R,) True where a row is done."""
+        done = torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.max_length, device=input_ids.device)
+        return done if self.eos is None else done | torch.isin(input_ids[:, -1], self.eos)
+
+
+def plan(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+    """A `Run` for this request, or None where this module does not cover it (the module docstring)."""
+    config = generation_config
+    if (config.get_generation_mode() not in MODES or config.return_dict_in_generate or not config.use_cache
+            or any(getattr(config, name, None) for name in ("cache_implementation", "prefill_chunk_size",
+                                                            "compile_config", "token_healing"))):
+        return None
+    criteria = {type(criterion): criterion for criterion in stopping_criteria}
+    if set(criteria) - {MaxLengthCriteria, EosTokenCriteria} or MaxLengthCriteria not in criteria:
+        return None
+    max_length = criteria[MaxLengthCriteria].max_length
+    eos = criteria[EosTokenCriteria].eos_token_id.view(-1) if EosTokenCriteria in criteria else None
+    processors = covered_processors(logits_processor, model.config.vocab_size, input_ids.device)
+    stack = decoder_of(model)
+    table = stack.config.max_position_embeddings - stack.config.position_offset
+    if processors is None or input_ids.shape[1] >= max_length or max_length > table:
+        return None
+    copies = max(config.num_beams, config.num_return_sequences)  # rows per source (transformers' expansion)
+    decoder = CachedDecoder.for_request(model, stack, input_ids, max_length, model_kwargs, group=config.num_beams,
+                                        copies=copies)
+    if decoder is None:
+        return None
+    pad = config.pad_token_id if config.pad_token_id is not None or eos is None else int(eos[0])
+    return Run(decoder, input_ids, processors, max_length, eos, pad, config)
+
+
+class Ban:
+    """Scores of `ids` set to -inf, in place, while the sequence length is in [first, end): what transformers'
+    processors that ban fixed tokens compute (NoBadWords with one-token words, SuppressTokens, SuppressTokensAtBegin,
+    MinLength, MinNewTokensLength), without their copy of every score at every step."""
+
+    def __init__(self, ids, vocab_size, device, first=0, end=math.inf):
+        ids = torch.as_tensor(ids, device=device).view(-1).long()
+        self.ids = ids[(ids >= 0) & (ids < vocab_size)]  # as torch.isin ignores the others
+        self.first, self.end = first, end
+
+    def __call__(self, input_ids, scores):
+        if self.first <= input_ids.shape[-1] < self.end:
+            scores.index_fill_(1, self.ids, -math.inf)
+        return scores
+
+
+def covered_processors(processors, vocab_size, device):
+    """transformers' processors as this module applies them (a `Ban`, or the processor itself), or None where one
+    is not covered."""
+    covered = []
+    for processor in processors:
+        kind = type(processor)
+        if kind is NoBadWordsLogitsProcessor and all(len(word) == 1 for word in processor.sequence_bias):
+            if max(word[0] for word in processor.sequence_bias) >= vocab_size:
+                return None  # transformers' processor raises the error
+            covered.append(Ban([word[0] for word in processor.sequence_bias], vocab_size, device))
+        elif kind in (*CALLED_AS_THEY_ARE, NoBadWordsLogitsProcessor):
+            covered.append(processor)
+        elif kind is SuppressTokensLogitsProcessor:
+            covered.append(Ban(processor.suppress_tokens, vocab_size, device))
+        elif kind is SuppressTokensAtBeginLogitsProcessor:
+            begin = processor.begin_index
+            covered.append(Ban(processor.begin_suppress_tokens, vocab_size, device, first=begin, end=begin + 1))
+        elif kind is MinLengthLogitsProcessor:
+            covered.append(Ban(processor.eos_token_id, vocab_size, device, end=processor.min_length))
+        elif kind is MinNewTokensLengthLogitsProcessor:
+            end = processor.prompt_length_to_skip + processor.min_new_tokens
+            covered.append(Ban(processor.eos_token_id, vocab_size, device, end=end))
+        else:
+            return None
+    return covered
+
+
+# ---- the step ------------------------------------------------------------------------------------------------------
+
+
+class CachedDecoder:
+    """A decoder stack stepped over new tokens, its keys and values kept in place for the whole generation.
+
+    Rows come in groups that attend together, their queries side by side. Cross-attention's group is a source's
+    `copies` rows (transformers' expansion for beams and returned sequences): its keys and values are computed once
+    per source and never copied per row. Self-attention's group is a source's beams (`group`, 1 outside beam search):
+    each beam writes its keys and values in its own slot of every position, (position, beam), and never moves them;
+    its `lineage` says whose slot holds its token at each position and masks the others. Reordering the beams then
+    rewrites the lineage, (R, length) ids, instead of copying every layer's cache. The cache is one tensor
+    (layers, key|value, groups, H, length * group, D). It holds no weight: every step calls the stack's modules."""
+
+    def __init__(self, model, stack, rows, length, positions, group, copies, mask=None, token_types=None,
+                 memory=None, memory_mask=None):
+        self.stack, self.lm_head, self.layers = stack, model.lm_head, list(stack.layers)
+        attention = self.layers[0].self_attn
+        self.heads, self.head_dim = attention.num_heads, attention.head_dim
+        self.dtype = self.layers[0].self_attn_norm.weight.dtype  # the activations' (an int8 model's are float32)
+        device = positions.device
+        self.group, self.groups = group, rows // group
+        shape = (len(self.layers), 2, self.groups, self.heads, length * group, self.head_dim)
+        self.cache = torch.empty(shape, dtype=self.dtype, device=device)
+        self.keys, self.values = list(self.cache[:, 0]), list(self.cache[:, 1])  # per layer (groups, H, slots, D)
+        beams = torch.arange(group, device=device)
+        self.lineage = beams[None, :, None].repeat(self.groups, 1, length)  # (groups, group, length)
+        self.beams, self.first_rows = beams, torch.arange(self.groups, device=device)[:, None] * group
+        self.positions, self.token_types = positions, token_types  # (R|1, length) each
+        self.valid = None if mask is None else mask[::group]  # (groups, length): a group's rows share one prompt
+        self.sources, self.copies = rows // copies, copies
+        self.cross = None if memory is None else [self._cross_key_value(layer, memory) for layer in self.layers]
+        self.memory_mask = None if memory_mask is None else cross_attention_mask(memory_mask, self.dtype)
+
+    @classmethod
+    def for_request(cls, model, stack, input_ids, length, model_kwargs, group, copies):
+        """The decoder for what `generate` prepared (`model_kwargs`), or None where it holds an input the step does
+        not read. The encoder-decoder reads its encoder's output and the source mask (token types go to the encoder
+        alone); the decoder-only models their prompt's mask, positions and token types."""
+        known = {"attention_mask", "use_cache", "cache", "past_key_values", "encoder_outputs", "token_type_ids",
+                 "position_ids", "output_attentions", "output_hidden_states"}
+        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        if (set(model_kwargs) - known or model_kwargs.get("output_attentions") or model_kwargs.get("output_hidden_states")
+                or (cache is not None and cache.get_seq_length() > 0) or input_ids.shape[0] % copies):
+            return None
+        rows, device = input_ids.shape[0], input_ids.device
+        mask, offset = model_kwargs.get("attention_mask"), stack.config.position_offset
+        if model.config.is_encoder_decoder:
+            memory = model_kwargs["encoder_outputs"].last_hidden_state[::copies]  # (B, S, E): each source once
+            positions = torch.arange(offset, offset + length, device=device)[None]  # (1, length)
+            return cls(model, stack, rows, length, positions, group, copies, memory=memory,
+                       memory_mask=None if mask is None else mask[::copies])
+        prompt = input_ids.shape[1]
+        given = model_kwargs.get("position_ids")
+        given = torch.arange(prompt, device=device)[None] if given is None else given  # (R|1, P), counted from 0
+        positions = torch.cat([given, given[:, -1:] + torch.arange(1, length - prompt + 1, device=device)], 1) + offset
+        if mask is not None:  # the prompt's padding, then every generated token
+            mask = torch.cat([mask.bool(), mask.new_ones(rows, length - prompt, dtype=torch.bool)], 1)
+        types = model_kwargs.get("token_type_ids")
+        if types is not None:  # as transformers extends them: each row's last type, repeated
+            types = torch.cat([types, types[:, -1:].expand(rows, length - prompt)], 1)
+        return cls(model, stack, rows, length, positions, group, copies, mask=mask, token_types=types)
+
+    def _cross_key_value(self, layer, memory):
+        """A layer's cross-attention keys and values over the encoder's output (B, S, E): (B, H, S, D) each."""
+        B, S, _ = memory.shape
+        attention = layer.cross_attn
+        key = attention.k_proj(memory).view(B, S, self.heads, self.head_dim).transpose(1, 2).contiguous()
+        value = attention.v_proj(memory).view(B, S, self.heads, self.head_dim).transpose(1, 2).contiguous()
+        return key, value
+
+    def step(self, input_ids, start: int):
+        """The next-token logits (R, V) after `input_ids` (R, T), the tokens at positions start..start+T-1 (T > 1 for
+        a prompt), their keys and values written into the cache."""
+        end = start + input_ids.shape[1]
+        types = None if self.token_types is None else self.token_types[:, start:end]
+        hidden_states = self.stack.embeddings(input_ids=input_ids, position_ids=self.positions[:, start:end],
+                                              token_type_ids=types)  # (R, T, E)
+        mask = self._self_mask(start, end)
+        for i, layer in enumerate(self.layers):
+            hidden_states = self._self_attention(layer, hidden_states, i, start, mask)
+            if self.cross is not None:
+                hidden_states = self._cross_attention(layer, hidden_states, i)
+            if layer.pre_norm:
+                hidden_states = hidden_states + layer.ffn(layer.ffn_norm(hidden_states))
+            else:
+                hidden_states = layer.ffn_norm(hidden_states + layer.ffn(hidden_states))
+        if self.stack.final_norm is not None:
+            hidden_states = self.stack.final_norm(hidden_states)
+        return self.lm_head(hidden_states[:, -1])  # (R, V)
+
+    def _self_mask(self, start, end):
+        """The additive mask (groups, 1, group * T, end * group) of self-attention's slots: a query sees the slots
+        of its lineage, up to its own position (causal), where the prompt is not padding. None where it sees all."""
+        T, G = end - start, self.group
+        if G == 1 and T == 1 and self.valid is None:
+            return None
+        allowed = self.lineage[:, :, None, :end, None] == self.beams  # (groups, G, 1, end, G)
+        if T > 1:
+            causal = torch.arange(end, device=allowed.device) <= torch.arange(start, end, device=allowed.device)[:, None]
+            allowed = allowed & causal[:, :, None]  # (groups, G, T, end, G)
+        if self.valid is not None:
+            allowed = allowed & self.valid[:, None, None, :end, None]
+        return additive_mask(allowed.view(self.groups, 1, G * T, end * G), self.dtype)
+
+    def _self_attention(self, layer, hidden_states, i, start, mask):
+        """Masked self-attention's sub-layer (section 3.2.3) over the cache, with its residual and norm."""
+        attention, norm = layer.self_attn, layer.self_attn_norm
+        x = norm(hidden_states) if layer.pre_norm else hidden_states
+        R, T, E = x.shape
+        G, H, D, end = self.group, self.heads, self.head_dim, start + T
+        for cache, projection in ((self.keys[i], attention.k_proj), (self.values[i], attention.v_proj)):
+            slots = cache.view(self.groups, H, -1, G, D)[:, :, start:end]  # (groups, H, T, G, D)
+            slots.copy_(projection(x).view(self.groups, G, T, H, D).permute(0, 3, 2, 1, 4))
+        query = attention.q_proj(x).view(self.groups, G * T, H, D).transpose(1, 2)  # (groups, H, G * T, D)
+        context, _ = eager_attention_forward(attention, query, self.keys[i][:, :, :end * G],
+                                             self.values[i][:, :, :end * G], mask, scaling=attention.scaling)
+        output = attention.o_proj(context.reshape(R, T, E))  # (groups, G * T, H, D) -> (R, T, E)
+        return hidden_states + output if layer.pre_norm else norm(hidden_states + output)
+
+    def _cross_attention(self, layer, hidden_states, i):
+        """Cross-attention's sub-layer over the source, with its residual and norm: a source's rows query its keys
+        together, (B, H, copies * T, D) queries against (B, H, S, D) keys."""
+        attention, norm = layer.cross_attn, layer.cross_attn_norm
+        x = norm(hidden_states) if layer.pre_norm else hidden_states
+        R, T, E = x.shape
+        query = attention.q_proj(x).view(self.sources, self.copies * T, self.heads, self.head_dim).transpose(1, 2)
+        key, value = self.cross[i]
+        context, _ = eager_attention_forward(attention, query, key, value, self.memory_mask,
+                                             scaling=attention.scaling)  # (B, copies * T, H, D)
+        output = attention.o_proj(context.reshape(R, T, E))
+        return hidden_states + output if layer.pre_norm else norm(hidden_states + output)
+
+    def reorder(self, rows, length: int):
+        """Row r continues row `rows[r]`'s sequence (beam search keeps the beams it extends): its lineage over the
+        first `length` positions becomes that row's. No key or value moves."""
+        parents = (rows.view(self.groups, self.group) - self.first_rows).long()  # (groups, group): within the group
+        self.lineage[:, :, :length] = self.lineage[:, :, :length].gather(1, parents[..., None].expand(-1, -1, length))
+
+
+# ---- the loops -----------------------------------------------------------------------------------------------------
+
+
+def greedy_search(run):
+    """transformers' `_sample` without sampling: the highest-scoring token of every row, padding after its end."""
+    rows, prompt = run.input_ids.shape
+    tokens = run.input_ids.new_empty(rows, run.max_length)  # (R, max_length), filled as the loop goes
+    tokens[:, :prompt] = run.input_ids
+    unfinished = torch.ones(rows, dtype=torch.long, device=tokens.device)
+    logits, length = run.decoder.step(run.input_ids, 0), prompt
+    while True:
+        next_tokens = run.process(tokens[:, :length], logits.float()).argmax(-1)  # (R,)
+        del logits  # before the next step's: one (R, V) buffer at a time, its memory reused rather than refaulted
+        if run.eos is not None:  # a finished row continues with padding
+            next_tokens = next_tokens * unfinished + run.pad * (1 - unfinished)
+        tokens[:, length] = next_tokens
+        length += 1
+        unfinished = unfinished & ~run.stops(tokens[:, :length])
+        if unfinished.max() == 0:
+            return tokens[:, :length].clone()
+        logits = run.decoder.step(next_tokens[:, None], length - 1)
+
+
+class Beams:
+    """Beam search's state, as transformers' `_beam_search` keeps it (batch B, beams K, `keep` candidates)."""
+
+    def __init__(self, run, sources):
+        B, K, prompt = sources, run.beams, run.input_ids.shape[1]
+        device = run.input_ids.device
+        self.keep = max(2, 1 + (0 if run.eos is None else run.eos.shape[0])) * K  # candidates kept per source
+        self.top = torch.arange(self.keep, device=device) < K  # (keep,): the candidates that may finish a beam
+        fill = (run.pad or int(run.eos[0])) if run.eos is not None else -1  # transformers' `pad or eos[0]`
+        self.running = torch.full((B, K, run.max_length), fill, dtype=torch.long, device=device)
+        self.running[:, :, :prompt] = run.input_ids.view(B, K, prompt)
+        self.sequences = self.running.clone()  # the finished beams
+        self.running_scores = torch.zeros(B, K, device=device)
+        self.running_scores[:, 1:] = -1e9  # the first step extends the first beam alone
+        self.scores = torch.full((B, K), -1e9, device=device)
+        self.finished = torch.zeros(B, K, dtype=torch.bool, device=device)
+        self.improvable = torch.ones(B, 1, dtype=torch.bool, device=device)
+        self.running_indices = torch.full((B, K, run.max_length - prompt), -1, dtype=torch.int32, device=device)
+        self.indices = self.running_indices.clone()
+        self.offsets = torch.arange(B, device=device)[:, None] * K  # (B, 1): a source's first row
+
+
+def beam_search(run):
+    """transformers' `_beam_search` without sampling, step for step (the same scores, top-k and order)."""
+    rows, prompt = run.input_ids.shape
+    B, K = rows // run.beams, run.beams
+    beams, length = Beams(run, B), prompt
+    logits = run.decoder.step(run.input_ids, 0)
+    while True:
+        vocab_size = logits.shape[-1]
+        top_scores, top = _best_candidates(run, beams, logits, length)  # (B, keep)
+        del logits  # before the next step's: one (R, V) buffer at a time, its memory reused rather than refaulted
+        origin = top // vocab_size  # (B, keep): the beam each candidate extends
+        candidates = _gather(beams.running, origin)  # (B, keep, max_length)
+        candidates[:, :, length] = top % vocab_size
+        candidate_indices = _gather(beams.running_indices, origin)
+        candidate_indices[:, :, length - prompt] = origin + beams.offsets
+        hits = run.stops(candidates.view(B * beams.keep, -1)[:, :length + 1]).view(B, beams.keep)
+        _keep_running(beams, top_scores, candidates, candidate_indices, hits, K)
+        _keep_finished(run, beams, top_scores, candidates, candidate_indices, hits, length + 1 - prompt)
+        run.decoder.reorder(beams.running_indices[..., length - prompt].reshape(-1), length)
+        length += 1
+        if not _continues(run, beams, hits, length - prompt):
+            break
+        logits = run.decoder.step(beams.running.view(rows, -1)[:, length - 1:length], length - 1)
+    n = run.num_return_sequences
+    sequences, indices = beams.sequences[:, :n].reshape(B * n, -1), beams.indices[:, :n].reshape(B * n, -1)
+    return sequences[:, :prompt + int((indices + 1).bool().sum(dim=1).max())]
+
+
+def _best_candidates(run, beams, logits, length):
+    """Each source's `keep` best continuations over its beams: log-probabilities (in place of the logits where they
+    are float32), processed, plus the beam's score, top-k over (B, K * V), as transformers computes them."""
+    B, K, V = beams.running.shape[0], run.beams, logits.shape[-1]
+    scores = logits.float()  # the logits themselves where they are float32
+    log_probs = torch.log_softmax(scores, dim=-1, out=scores)  # in place: one (R, V) buffer for the step
+    log_probs = run.process(beams.running.view(B * K, -1)[:, :length], log_probs).reshape(B, K, V)
+    log_probs += beams.running_scores[:, :, None]
+    return torch.topk(log_probs.reshape(B, K * V), k=beams.keep)
+
+
+def _gather(tensor, indices):
+    """`tensor` (B, K, ...) at beams `indices` (B, N): (B, N, ...)."""
+    return torch.take_along_dim(tensor, indices.view(*indices.shape, *[1] * (tensor.dim() - 2)), dim=1)
+
+
+def _keep_running(beams, top_scores, candidates, candidate_indices, hits, K):
+    """The K best candidates that did not finish continue (transformers' `_get_running_beams_for_next_iteration`)."""
+    scores = top_scores + hits.to(torch.float32) * -1.0e9
+    best = torch.topk(scores, k=K)[1]
+    beams.running, beams.running_scores = _gather(candidates, best), _gather(scores, best)
+    beams.running_indices = _gather(candidate_indices, best)
+
+
+def _keep_finished(run, beams, top_scores, candidates, candidate_indices, hits, generated):
+    """Candidates among the top K that finished join the finished beams where they score higher
+    (transformers' `_update_finished_beams`)."""
+    just_finished = hits & beams.top[None, :]
+    scores = top_scores / (generated**run.length_penalty)
+    full = torch.all(beams.finished, dim=-1, keepdim=True) & (run.early_stopping is True)
+    scores += full.to(torch.float32) * -1.0e9
+    scores += (~beams.improvable).to(torch.float32) * -1.0e9
+    scores += (~just_finished) * -1.0e9
+    merged_scores = torch.cat((beams.scores, scores), dim=1)
+    best = torch.topk(merged_scores, k=run.beams)[1]
+    beams.sequences = _gather(torch.cat((beams.sequences, candidates), dim=1), best)
+    beams.scores = _gather(merged_scores, best)
+    beams.indices = _gather(torch.cat((beams.indices, candidate_indices), dim=1), best)
+    beams.finished = _gather(torch.cat((beams.finished, just_finished), dim=1), best)
+
+
+def _continues(run, beams, hits, generated) -> bool:
+    """Whether beam search goes on (transformers' `_check_early_stop_heuristic` and
+    `_beam_search_has_unfinished_sequences`): a running beam may still beat a finished one, a source has an open
+    beam (with `early_stopping=True`), and some candidate has not hit a stopping criterion."""
+    if run.early_stopping == "never" and run.length_penalty > 0.0:
+        best_length = run.max_length - (run.input_ids.shape[1])
+    else:
+        best_length = generated
+    best_running = beams.running_scores[:, :1] / (best_length**run.length_penalty)
+    worst_finished = torch.where(beams.finished, torch.min(beams.scores, dim=1, keepdim=True)[0], -1.0e9)
+    beams.improvable = beams.improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+    open_beam = ~(torch.all(beams.finished) & (run.early_stopping is True))
+    return bool(torch.any(beams.improvable) & open_beam & ~torch.all(hits))
