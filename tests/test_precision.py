@@ -336,27 +336,91 @@ def test_int8_accuracy_on_real_sentences(minilm_path, int8_path, lowest, tmp_pat
 # ---- runtime="auto": the accuracy floor on real text ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scale, reduced", [(12, "onnxruntime owned int8"), (50, "openvino bf16")])
-def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale, reduced, tmp_path, monkeypatch,
-                                                              scripted_clock):
-    """MiniLM with one outlier channel (the embedding LayerNorm's weight of channel 308 multiplied by `scale`), saved
-    with its tokenizer. A reduced path passes the floor on the ids spread over the vocabulary that auto times (what
-    its accuracy was once checked on), and misses it on the built-in English sentences read by MiniLM's own
-    tokenizer: runtime="auto" at precision "fastest" refuses it, saying its cosine, and runs float32, which answers
-    as plain PyTorch. The path is scripted fastest (the clock: tests/conftest.py). int8 is ONNX Runtime holding the
-    weights; bf16 is OpenVINO's path with PyTorch's bf16 standing in for its engine (this check is about the text,
-    and OpenVINO computes bf16 only on CPUs that multiply it: PyTorch rounds to bf16 on any)."""
+def _tail_sample(count: int, exponent: float, scale: float, seed: int) -> torch.Tensor:
+    """Token cosines whose errors 1 - cosine follow a power law's tail: `scale` / U ** `exponent`, U uniform."""
+    uniform = torch.rand(count, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return 1 - scale * uniform.clamp_min(1e-12) ** -exponent
+
+
+@pytest.mark.parametrize("exponent, scale", [(0.5, 1e-4), (0.13, 2e-3)], ids=["heavy tail", "light tail"])
+def test_expected_lowest_predicts_the_lowest_of_many_tokens_from_a_few(exponent, scale):
+    """From samples of the built-in sentences' size (2,581 tokens), the lowest cosine expected over REFERENCE_TOKENS
+    tokens of the same kind, against the true one (the distribution's quantile at one token in REFERENCE_TOKENS), on
+    a tail as heavy as OpenVINO's bf16 on MiniLM with an outlier channel (a few thousand tokens mostly keep the
+    floor, a hundred thousand do not) and on one as light as the int8 engines' on MiniLM as shipped. Over 100
+    samples the prediction's error is the true one's at the median (within 20%), it refuses the heavy tail in at
+    least 90 of them, most of which the samples' own lowest would have kept, and never the light one: a prediction
+    from a few thousand tokens, with the spread of one."""
+    from hf_vanilla.runtimes.accuracy import REFERENCE_TOKENS, expected_lowest
+    from hf_vanilla.runtimes.auto import ACCURACY_FLOOR
+
+    samples = [_tail_sample(2581, exponent, scale, seed=seed) for seed in range(100)]
+    predicted = torch.tensor([expected_lowest(sample) for sample in samples], dtype=torch.float64)
+    own = torch.stack([sample.min() for sample in samples])
+    true = 1 - scale * REFERENCE_TOKENS ** exponent
+    ratio = ((1 - predicted) / (1 - true)).median().item()
+    refused, kept_by_own = (predicted < ACCURACY_FLOOR).double().mean(), (own >= ACCURACY_FLOOR).double().mean()
+    report = f"error ratio {ratio:.3f} at the median, refused {refused:.0%}, own lowest at the floor {kept_by_own:.0%}"
+    assert 0.8 <= ratio <= 1.25, report
+    if exponent == 0.5:
+        assert true < ACCURACY_FLOOR and refused >= 0.9 and kept_by_own >= 0.8, report
+    else:
+        assert true >= ACCURACY_FLOOR and refused == 0, report
+
+
+def test_expected_lowest_is_never_above_the_samples_own():
+    """A token far below the rest is the answer; a NaN answers NaN; a single token is its own lowest."""
+    from hf_vanilla.runtimes.accuracy import expected_lowest
+
+    cosines = _tail_sample(3000, 0.13, 2e-3, seed=0)
+    cosines[1234] = -0.5
+    assert expected_lowest(cosines) == -0.5
+    cosines[7] = float("nan")
+    assert expected_lowest(cosines) != expected_lowest(cosines)  # NaN
+    assert expected_lowest(torch.tensor([0.97])) == pytest.approx(0.97)
+    assert expected_lowest(torch.ones(100, dtype=torch.float64)) == pytest.approx(1.0)
+
+
+def _real_text_prediction(reduced, plain, tokenizer, sentences) -> float:
+    """`expected_lowest` of `reduced` against float32 `plain` on `sentences`, in batches of 16 as auto runs them."""
+    from hf_vanilla.runtimes.accuracy import expected_lowest, token_cosines
+
+    cosines = []
+    with torch.inference_mode():
+        for start in range(0, len(sentences), 16):
+            batch = tokenizer(sentences[start:start + 16], padding=True, truncation=True, return_tensors="pt")
+            cosines.append(token_cosines(reduced(**batch).last_hidden_state, plain(**batch).last_hidden_state,
+                                         batch["attention_mask"]))
+    return expected_lowest(torch.cat(cosines))
+
+
+@pytest.mark.parametrize("scale, reduced, news", [
+    (1, "onnxruntime owned int8", 256), (12, "onnxruntime owned int8", 256), (50, "openvino bf16", 256),
+    pytest.param(50, "openvino bf16", None, marks=pytest.mark.slow, id="50-openvino bf16-all of Lee")])
+def test_auto_fastest_holds_a_reduced_path_to_the_floor_on_real_text(minilm_path, scale, reduced, news, tmp_path,
+                                                                      monkeypatch, scripted_clock):
+    """MiniLM saved with its tokenizer, as shipped (`scale` 1) or with one outlier channel (the embedding LayerNorm's
+    weight of channel 308 multiplied by `scale`), the reduced path scripted fastest (the clock: tests/conftest.py).
+    What the engine's int8 or bf16 kernels make of it depends on the CPU (with AVX-512 VNNI ONNX Runtime's int8 keeps
+    the x12 model above the floor on the built-in sentences, without it not), so what is asserted is the rule:
+    runtime="auto" at precision "fastest" refuses the path exactly where the lowest cosine it predicts from the
+    built-in sentences is under the floor, saying so, and float32 then runs and answers as plain PyTorch; otherwise
+    the path runs. And it agrees with real news: the same prediction on `news` sentences of gensim's Lee corpus
+    (all 2,579, some 78,000 tokens, in the slow case: there the prediction is about their own lowest), run through
+    the same engine, under the floor means refused for the outlier x50 (OpenVINO's bf16, whose lowest on the
+    built-in sentences is 0.997 and over 93,665 real tokens 0.915; PyTorch's bf16 stands in for it on a CPU where
+    OpenVINO computes no bf16), and over it means kept for MiniLM as shipped. At x12 int8's loss sets in at some 7
+    tokens in 10,000 of news, beyond what the built-in sentences show (hf_vanilla/runtimes/accuracy.py): held to the
+    rule alone."""
     pytest.importorskip("onnxruntime", reason="runtime='auto' chooses among engines: pip install -e '.[onnx]'")
     from transformers import AutoTokenizer
 
     from hf_vanilla import VanillaEncoderModel
     from hf_vanilla.runtime_registry import apply_runtime
     from hf_vanilla.runtimes import auto, choice
-    from hf_vanilla.runtimes.accuracy import lowest_cosine
-    from hf_vanilla.runtimes.onnxruntime import use_onnx_runtime
     from numerics import assert_close
 
-    graphs, folder = tmp_path / "graphs", tmp_path / "outlier"
+    graphs, folder = tmp_path / "graphs", tmp_path / "model"
     outlier = VanillaEncoderModel.from_pretrained(_converted(minilm_path)).eval()
     with torch.no_grad():
         outlier.encoder.embeddings.norm.weight[308] *= scale
@@ -367,30 +431,28 @@ def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale
     def load():
         return VanillaEncoderModel.from_pretrained(folder).eval()
 
-    if reduced == "openvino bf16":
-        monkeypatch.setattr(auto, "bf16_is_fast", lambda: True)
-
-        def engines(model, runtime, precision="f32", **options):  # the registry, PyTorch's bf16 for OpenVINO's
-            if precision == "bf16":
-                return model.to(torch.bfloat16)
-            return apply_runtime(model, runtime, precision=precision, **options)
-
-        def reduce(model):
-            return model.to(torch.bfloat16)
-    else:
-        engines = apply_runtime
-
-        def reduce(model):
-            return use_onnx_runtime(model, cache_dir=graphs, owned=True, precision="int8")
+    monkeypatch.setattr(auto, "bf16_is_fast", lambda: True)  # OpenVINO's bf16 a candidate on any CPU
     # One engine of each precision (OpenVINO's float32 and int8 paths would only make the test slower).
     monkeypatch.setattr(auto, "missing", lambda path: [] if path.runtime is None or path.name in (
         "onnxruntime", reduced) else ["left out by the test"])
-    monkeypatch.setattr(choice, "CHOICE", "engine")
-    padded = auto.requests(outlier.config)["padded"]
-    with torch.inference_mode():
-        made_up = lowest_cosine(reduce(load())(**padded).last_hidden_state, outlier(**padded).last_hidden_state,
-                                padded["attention_mask"])
-    assert made_up >= auto.ACCURACY_FLOOR, f"the outlier no longer passes on made-up ids ({made_up:.4f})"
+    if reduced == "openvino bf16":
+        pytest.importorskip("openvino", reason="runtime='openvino' needs the openvino extra")
+    monkeypatch.setattr(choice, "CHOICE", "engine")  # the engine answers every batch, here as in auto's check
+    path = auto.BY_NAME[reduced]
+    try:
+        engine, standing_in = apply_runtime(load(), path.runtime, cache_dir=graphs, **dict(path.options)), False
+    except ValueError:  # OpenVINO computes no bf16 on this CPU (or under ONEDNN_MAX_CPU_ISA): PyTorch's stands in
+        if reduced != "openvino bf16":
+            raise
+        engine, standing_in = load().to(torch.bfloat16), True
+
+    def engines(model, runtime, precision="f32", **options):  # the registry, PyTorch's bf16 standing in where needed
+        if standing_in and precision == "bf16":
+            return model.to(torch.bfloat16)
+        return apply_runtime(model, runtime, precision=precision, **options)
+
+    # x12: held to the rule alone (the docstring), its real text not measured
+    real = _real_text_prediction(engine, outlier, tokenizer, lee_sentences(news)) if scale != 12 else float("nan")
     monkeypatch.setattr(choice, "CHOICE", "measure")
 
     monkeypatch.setattr(auto, "ROUNDS", 1)
@@ -405,11 +467,22 @@ def test_auto_fastest_refuses_an_outlier_channel_on_real_text(minilm_path, scale
     monkeypatch.setattr(auto, "runner", runner)
     model = auto.use_auto(load(), precision="fastest", cache_dir=graphs, apply_runtime=engines)
     chosen = auto.auto_choice(model)
-    report = f"{reduced}: {chosen.accuracy.get(reduced)} on real text, {made_up:.4f} on made-up ids"
-    assert chosen.runtime == "onnxruntime" and chosen.accuracy[reduced] < auto.ACCURACY_FLOOR, report
-    assert chosen.left_out[reduced].startswith("lowest token cosine"), chosen.left_out
-    assert "128 built-in English sentences, tokenized by" in chosen.left_out[reduced]
-    batch = tokenizer(["The river rose by two metres overnight.", "Prices fell."], padding=True, return_tensors="pt")
-    real = batch["attention_mask"].bool()
-    with torch.inference_mode():
-        assert_close(model(**batch).last_hidden_state[real], outlier(**batch).last_hidden_state[real])
+    predicted = chosen.accuracy[reduced]
+    report = f"{reduced} x{scale}: {predicted:.4f} predicted from the built-in sentences, {real:.4f} from Lee's"
+    if predicted < auto.ACCURACY_FLOOR:
+        assert chosen.runtime == "onnxruntime", report
+        assert chosen.left_out[reduced].startswith(f"lowest token cosine {predicted:.4f} < {auto.ACCURACY_FLOOR} "
+                                                   f"on 128 built-in English sentences, tokenized by"), report
+    else:
+        assert chosen.runtime == reduced and reduced not in chosen.left_out, report
+    if scale == 50 and real < auto.ACCURACY_FLOOR:
+        assert chosen.runtime == "onnxruntime", report
+    if scale == 1 and real >= auto.ACCURACY_FLOOR:
+        assert chosen.runtime == reduced, report
+    if chosen.runtime == "onnxruntime":
+        batch = tokenizer(["The river rose by two metres overnight.", "Prices fell."], padding=True,
+                          return_tensors="pt")
+        real_tokens = batch["attention_mask"].bool()
+        with torch.inference_mode():
+            assert_close(model(**batch).last_hidden_state[real_tokens],
+                         outlier(**batch).last_hidden_state[real_tokens])
