@@ -111,7 +111,8 @@ from .attached import engine_of, take_off
 from .choice import CHOICE_MIN_GAIN, key_of, measures
 from .decision import (BY_NAME, LARGE, PADDED, PATHS, PRECISIONS, SHORT, AutoChoice, Path, decision_file,
                        encoder_of, partner_of, read_decision, requests, write_decision)
-from .holding import return_freed_memory, sharing_copy
+from .holding import sharing_copy
+from .mapped import return_freed_memory
 from .options import checked
 
 logger = logging.getLogger(__name__)

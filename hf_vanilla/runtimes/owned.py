@@ -42,7 +42,7 @@ what a user or a library asks of a model to inspect it answers from the shadow (
   weights, the call that gives them back). A `.data` or numpy view taken before attach is memory the engine cannot
   watch: take none across an attach;
 - a checkpoint file the weights are memory-mapped from, written in place while the model is loaded
-  (`holding.MappedFiles`): every call is refused, naming the file and the fix (load it again).
+  (`mapped.MappedFiles`): every call is refused, naming the file and the fix (load it again).
 
 What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
 no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
@@ -71,9 +71,9 @@ from . import choice
 from .attached import Engine, refuse_quantized, take_off
 from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
-from .holding import (HeldMarker, HeldTensor, HeldWeights, MappedFiles, held_repr, raw_attr, refusal,
-                      refuse_gradients, release_mapped_pages, return_freed_memory, seal, sharing_copy, tensors_of,
-                      unseal)
+from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients, seal,
+                      sharing_copy, tensors_of, unseal)
+from .mapped import MappedFiles, release_mapped_pages, return_freed_memory
 from .inspection import HOLD_METHODS, answer_for_held
 from .watch import Watch, class_code, difference, hooked, structure_of
 
