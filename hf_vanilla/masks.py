@@ -90,6 +90,23 @@ def self_attention_mask(attention_mask, query_length, past_length, key_length, c
     return additive_mask(allowed, dtype, sdpa)
 
 
+def padded_path_masks(plan, attention_mask, encoder_attention_mask, *, past_length, cache, causal: bool, like,
+                      sdpa: bool):
+    """The padded path's additive masks from the stack's plan (packing.BatchPlan), in the dtype and on the device of
+    `like` (the hidden states): self-attention's (B|1, 1, T|1, S) and cross-attention's; (None, None) on the
+    padding-free path, where attention runs within each sequence. `sdpa`: made for torch's kernel rather than eager
+    attention (what a query with no key gets: `additive_mask`)."""
+    dtype, device = like.dtype, like.device
+    if plan.packed is not None:
+        return None, None
+    T = plan.shape[1]
+    key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
+    mask = self_attention_mask(attention_mask, T, past_length=past_length, key_length=key_length, causal=causal,
+                               dtype=dtype, device=device, sequences=plan.sequences, sdpa=sdpa)
+    return mask, cross_attention_mask(encoder_attention_mask, dtype, sequences=plan.sequences,
+                                      encoder_sequences=plan.encoder_sequences, sdpa=sdpa)
+
+
 @functools.lru_cache(maxsize=256)
 def sequence_causal_mask(length: int, dtype, device, implementation: str):
     """The causal mask of one sequence of `length` tokens alone (section 3.2.3), as the padding-free path passes it

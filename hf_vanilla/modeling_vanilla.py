@@ -606,8 +606,7 @@ class VanillaSeq2SeqForConditionalGeneration(VanillaSeq2SeqPreTrainedModel, Vani
 
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(config)
-        self.lm_head = VanillaLMHead(config, transform=config.lm_head_transform,
-                                     trainable_bias=config.trainable_logits_bias)
+        self.lm_head = VanillaLMHead(config, config.lm_head_transform, config.trainable_logits_bias)
         # The output projection reads the target embedding matrix (section 3.4), itself shared with the source
         # when `share_encoder_decoder_embeddings`; tie both directly to their one source.
         embedding = "model.encoder" if config.share_encoder_decoder_embeddings else "model.decoder"
@@ -780,8 +779,7 @@ class VanillaDecoderForCausalLM(VanillaPreTrainedModel, VanillaGenerationMixin):
     def __init__(self, config: VanillaSeq2SeqConfig):
         super().__init__(_decoder_only(config))
         self.model = VanillaDecoderModel(self.config)
-        self.lm_head = VanillaLMHead(self.config, transform=self.config.lm_head_transform,
-                                     trainable_bias=self.config.trainable_logits_bias)
+        self.lm_head = VanillaLMHead(self.config, self.config.lm_head_transform, self.config.trainable_logits_bias)
         self.post_init()
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -38,7 +38,7 @@ from transformers.utils import TransformersKwargs
 
 from .compat import CACHE_FIELD, cache_field, flex_attention_forward
 from .kernels import VanillaLinear, is_tracing
-from .masks import attends, cross_attention_mask, has_padding, self_attention_mask
+from .masks import attends, has_padding, padded_path_masks
 from .packing import (BatchPlan, PackedBatch, attend_within_sequences, batch_sequences, can_pack, can_pack_source,
                       neighbours, positions_within)
 from .validation import check_inputs, positions_counted_from_zero, self_attention_cache
@@ -387,11 +387,10 @@ class VanillaStack(nn.Module):
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 outputs_at_padding: bool = False, **kwargs: Unpack[TransformersKwargs],
                 ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """Checks, the batch's plan, embeddings, masks, then the N layers. Returns a ModelOutput (generate needs one
-        of the encoder) carrying the plan as `plan` (packing.BatchPlan), outside tracing. `kwargs` may hold
-        transformers' packed-format keywords (packing.sequence_ids); `encoder_position_ids` tell packed source
-        sequences apart. `outputs_at_padding`: the caller reads the padding positions' outputs, as the padded path
-        computes them (the padding-free path leaves them zero)."""
+        """Checks, the batch's plan, embeddings, masks, then the N layers. Returns a ModelOutput (generate needs one of
+        the encoder) carrying the plan as `plan` (packing.BatchPlan), outside tracing. `kwargs` may hold transformers'
+        packed-format keywords (packing.sequence_ids); `encoder_position_ids` tell packed source sequences apart.
+        `outputs_at_padding`: the caller reads the padding positions' outputs as the padded path computes them."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -410,8 +409,9 @@ class VanillaStack(nn.Module):
                           outputs_at_padding=outputs_at_padding, encoder_hidden_states=encoder_hidden_states,
                           encoder_attention_mask=encoder_attention_mask, encoder_position_ids=encoder_position_ids)
         hidden_states = self._embed(plan, input_ids, token_type_ids, inputs_embeds, attention_mask)
-        mask, cross_mask = self._masks(plan, attention_mask, encoder_attention_mask, past_length, cache,
-                                       hidden_states.dtype, hidden_states.device, output_attentions)
+        sdpa = not output_attentions and config._attn_implementation == "sdpa"  # the kernel the masks are made for
+        mask, cross_mask = padded_path_masks(plan, attention_mask, encoder_attention_mask, past_length=past_length,
+                                             cache=cache, causal=self.is_decoder, like=hidden_states, sdpa=sdpa)
         memory = plan.pack_source(encoder_hidden_states)  # (B, S, E), or (M, E) beside a packed target
         # The N layers (section 3.1): each reads the previous one's output.
         all_hidden_states, all_self, all_cross = [hidden_states], [], []
@@ -489,19 +489,3 @@ class VanillaStack(nn.Module):
             hidden_states = hidden_states.masked_fill(
                 ~attention_mask[:, -T:, None].bool() & ~hidden_states.isfinite(), 0)
         return hidden_states
-
-    def _masks(self, plan, attention_mask, encoder_attention_mask, past_length, cache, dtype, device,
-               output_attentions):
-        """The padded path's additive masks (masks.py) from the plan: self-attention's (B|1, 1, T|1, S) and
-        cross-attention's; (None, None) on the padding-free path, where attention runs within each sequence. They are
-        made for the kernel that reads them (eager where attention maps are asked for): a query with no key to
-        attend to gets what that kernel gives it in transformers (masks.additive_mask)."""
-        if plan.packed is not None:
-            return None, None
-        T = plan.shape[1]
-        key_length = cache.get_mask_sizes(T, 0)[0] if cache is not None else T  # a static cache's keys
-        sdpa = not output_attentions and self.config._attn_implementation == "sdpa"
-        mask = self_attention_mask(attention_mask, T, past_length, key_length, self.is_decoder, dtype, device,
-                                   plan.sequences, sdpa=sdpa)
-        return mask, cross_attention_mask(encoder_attention_mask, dtype, plan.sequences, plan.encoder_sequences,
-                                          sdpa=sdpa)

@@ -7,10 +7,8 @@
     from hf_vanilla.runtimes.auto import auto_choice
     auto_choice(model)   # which path runs, why, and what each measured
 
-Why. Which way of running an encoder is fastest depends on the CPU, the request size and the libraries installed:
-on AMD Zen 5 OpenVINO holding the weights led at every size, on a 2-core AVX2-only EPYC ONNX Runtime holding them
-was 1.11x faster on one short request after an idle gap, and docs/deploy.md could only answer from the
-CPUs it was measured on. So the choice is measured where the model runs.
+Why. Which way of running an encoder is fastest depends on the CPU, the request size and the libraries installed,
+and docs/deploy.md can only answer from the CPUs it was measured on. So the choice is measured where the model runs.
 
 What is measured. The installed paths (`PATHS`; one whose packages are missing, or that refuses this model, is not
 a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model's weights, ONNX Runtime holding them,
@@ -30,12 +28,9 @@ other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seco
   engine's, it pays for that engine's spinning threads, which no request to a model holding one engine pays), then
   `BLOCK` calls (`LARGE_BLOCK` of the large batch), their median.
 A path's time at a request is the median of its samples, not the best: ONNX Runtime's short calls are bimodal on the
-VMs measured, and the best of a few samples chose by luck (MiniLM, eight loads: OpenVINO six times, ONNX Runtime
-twice). 5-6 s for MiniLM on 2 cores, attaching included, 18-33 s for a model of bert-base's size, once per
-machine (the decision is kept, below). A machine saturated throughout defeats it (docs/performance.md: on 2 cores
-under a load of 6-9, inside a process holding some twenty engines, every MiniLM engine measured level with PyTorch,
-where OpenVINO runs it 2.5-2.7x faster than eager PyTorch when quiet). Its cost, with the attach of every path, is
-logged at INFO.
+VMs measured, and the best of a few samples chose by luck. It runs once per machine (the decision is kept, below);
+its cost, with the attach of every path, is logged at INFO (docs/performance.md has it). A machine saturated
+throughout defeats it: every engine then measures level with PyTorch.
 
 How it chooses. At each request, a path that has an engine runs what the per-size choice would run
 (hf_vanilla/runtimes/choice.py): the engine on the short request (no padding) and at a reduced precision, else the

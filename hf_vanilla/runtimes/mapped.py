@@ -61,6 +61,14 @@ class MappedFiles:
         return None
 
 
+def written_under(path: str, runtime: str) -> str:
+    """The refusal of every call once `MappedFiles.written()` named `path`."""
+    return (f"The checkpoint file {path} was written while this model was loaded from it memory-mapped "
+            f"(from_pretrained maps the file rather than reading it): the weights runtime={runtime!r} compiled and the "
+            f"file's no longer agree, so every call is refused. Load the model again; to replace a checkpoint a model "
+            f"runs from, write the new one beside it and rename it into place (as save_pretrained does).")
+
+
 def _close(descriptors: list) -> None:
     for descriptor in descriptors:
         os.close(descriptor)

@@ -73,7 +73,7 @@ from .batches import PROBE_TOLERANCE, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients, seal,
                       sharing_copy, tensors_of, unseal)
-from .mapped import MappedFiles, release_mapped_pages, return_freed_memory
+from .mapped import MappedFiles, release_mapped_pages, return_freed_memory, written_under
 from .inspection import HOLD_METHODS, answer_for_held
 from .watch import Watch, class_code, difference, hooked, structure_of
 
@@ -313,12 +313,7 @@ class OwnedEncoder(HeldWeights, Engine):
         if self.compiled is None:  # unpickled or deep-copied: held again, then the model as it is now checked
             self._hold_again()
         elif (written := self.files.written()) is not None:
-            raise RuntimeError(
-                f"The checkpoint file {written} was written while this model was loaded from it memory-mapped "
-                f"(from_pretrained maps the file rather than reading it): the weights runtime={self.RUNTIME!r} "
-                f"compiled and the file's no longer agree, so every call is refused. Load the model again; to "
-                f"replace a checkpoint a model runs from, write the new one beside it and rename it into place (as "
-                f"save_pretrained does).")
+            raise RuntimeError(written_under(written, self.RUNTIME))
         elif self.watch.unchanged():
             return
         if structure_of(unit) != self.structure or class_code(unit) != self.code:
