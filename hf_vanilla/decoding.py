@@ -143,16 +143,19 @@ def plan(model, input_ids, logits_processor, stopping_criteria, generation_confi
     if set(criteria) - {MaxLengthCriteria, EosTokenCriteria} or MaxLengthCriteria not in criteria:
         return None
     max_length = criteria[MaxLengthCriteria].max_length
-    eos = criteria[EosTokenCriteria].eos_token_id.view(-1) if EosTokenCriteria in criteria else None
-    processors = covered_processors(logits_processor, model.config.vocab_size, input_ids.device)
+    eos = torch.as_tensor(criteria[EosTokenCriteria].eos_token_id).view(-1) if EosTokenCriteria in criteria else None
+    vocab_size = model.config.vocab_size
+    processors = covered_processors(logits_processor, vocab_size, input_ids.device)
     stack = decoder_of(model)
     table = stack.config.max_position_embeddings - stack.config.position_offset
-    if processors is None or input_ids.shape[1] >= max_length or max_length > table:
+    kept = max(2, 1 + (0 if eos is None else eos.numel())) * config.num_beams  # beam search's candidates per source
+    if (processors is None or input_ids.shape[1] >= max_length or max_length > table or kept > vocab_size
+            or input_ids.device != model.device):  # transformers moves inputs kept elsewhere at every step
         return None
     copies = max(config.num_beams, config.num_return_sequences)  # rows per source (transformers' expansion)
     decoder = CachedDecoder.for_request(model, stack, input_ids, max_length, model_kwargs, group=config.num_beams,
                                         copies=copies)
-    if decoder is None:
+    if decoder is None or decoder.cache is None:
         return None
     pad = config.pad_token_id if config.pad_token_id is not None or eos is None else int(eos[0])
     return Run(decoder, input_ids, processors, max_length, eos, pad, config)
@@ -224,7 +227,9 @@ class CachedDecoder:
         device = positions.device
         self.group, self.groups = group, rows // group
         shape = (len(self.layers), 2, self.groups, self.heads, length * group, self.head_dim)
-        self.cache = torch.empty(shape, dtype=self.dtype, device=device)
+        self.cache = _allocated(shape, self.dtype, device)  # None: `generate` takes transformers' loop
+        if self.cache is None:
+            return
         self.keys, self.values = list(self.cache[:, 0]), list(self.cache[:, 1])  # per layer (groups, H, slots, D)
         beams = torch.arange(group, device=device)
         self.lineage = beams[None, :, None].repeat(self.groups, 1, length)  # (groups, group, length)
@@ -249,7 +254,7 @@ class CachedDecoder:
         rows, device = input_ids.shape[0], input_ids.device
         mask, offset = model_kwargs.get("attention_mask"), stack.config.position_offset
         if model.config.is_encoder_decoder:
-            memory = model_kwargs["encoder_outputs"].last_hidden_state[::copies]  # (B, S, E): each source once
+            memory = model_kwargs["encoder_outputs"][0][::copies]  # (B, S, E), each source once (output or tuple)
             positions = torch.arange(offset, offset + length, device=device)[None]  # (1, length)
             return cls(model, stack, rows, length, positions, group, copies, memory=memory,
                        memory_mask=None if mask is None else mask[::copies])
@@ -341,6 +346,15 @@ class CachedDecoder:
         self.lineage[:, :, :length] = self.lineage[:, :, :length].gather(1, parents[..., None].expand(-1, -1, length))
 
 
+def _allocated(shape, dtype, device):
+    """An uninitialised tensor, or None where it cannot be allocated: the cache for the whole `max_length` at once
+    may not fit where transformers' cache, grown as the sequences grow, does."""
+    try:
+        return torch.empty(shape, dtype=dtype, device=device)
+    except (RuntimeError, torch.OutOfMemoryError):  # a CPU allocator raises a RuntimeError
+        return None
+
+
 # ---- the loops -----------------------------------------------------------------------------------------------------
 
 
@@ -415,14 +429,19 @@ def beam_search(run):
 
 
 def _best_candidates(run, beams, logits, length):
-    """Each source's `keep` best continuations over its beams: log-probabilities (in place of the logits where they
-    are float32), processed, plus the beam's score, top-k over (B, K * V), as transformers computes them."""
+    """Each source's `keep` best continuations over its K beams, as transformers chooses them: log-probabilities,
+    processed, plus the beam's score, top-k over the source's K * V. The log-probabilities are written over the
+    logits where those are float32, and each beam's `keep` best are found before its score is added (a source's
+    best are among them): no other pass over the (R, V) scores. Returns (B, keep) scores and indices into K * V."""
     B, K, V = beams.running.shape[0], run.beams, logits.shape[-1]
     scores = logits.float()  # the logits themselves where they are float32
-    log_probs = torch.log_softmax(scores, dim=-1, out=scores)  # in place: one (R, V) buffer for the step
-    log_probs = run.process(beams.running.view(B * K, -1)[:, :length], log_probs).reshape(B, K, V)
-    log_probs += beams.running_scores[:, :, None]
-    return torch.topk(log_probs.reshape(B, K * V), k=beams.keep)
+    log_probs = torch.log_softmax(scores, dim=-1, out=scores)
+    log_probs = run.process(beams.running.view(B * K, -1)[:, :length], log_probs)  # (R, V)
+    top_scores, top = torch.topk(log_probs, k=beams.keep)  # (R, keep): each beam's best
+    top_scores = top_scores.view(B, K, beams.keep) + beams.running_scores[:, :, None]
+    best_scores, best = torch.topk(top_scores.view(B, K * beams.keep), k=beams.keep)  # (B, keep)
+    tokens = top.view(B, K * beams.keep).gather(1, best)
+    return best_scores, best // beams.keep * V + tokens  # the beam, times V, plus the token
 
 
 def _gather(tensor, indices):
