@@ -109,11 +109,12 @@ def test_a_head_around_the_body(held, graphs, engine_only, tmp_path):
     inputs = batch()
     with torch.inference_mode():
         assert_close(model(**inputs).logits, plain(**inputs).logits)
-    # The body's weights are trainable as the plain model's: the marker in their place says so (requires_grad), an
-    # optimizer made of model.parameters() is not empty, and a gradient of them is refused at backward, by name.
-    marker = f"model._{held}_marker"
+    # The body's weights are trainable as the plain model's: named_parameters() says so of each (requires_grad), the
+    # marker in their place too, an optimizer made of model.parameters() is not empty, and a gradient of them is
+    # refused at backward, by name.
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {marker} | {name for name, _ in plain.named_parameters() if name.startswith("classifier")}
+    assert trainable == {name for name, p in plain.named_parameters() if p.requires_grad}
+    assert model.get_parameter(f"model._{held}_marker").requires_grad
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     with pytest.raises(RuntimeError, match=rf"Computing gradients of the encoder's weights is refused: "
                                            rf"runtime='{held}' holds .*{remove(held)[1]}\(model\).*"

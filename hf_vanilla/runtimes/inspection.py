@@ -37,13 +37,11 @@ def held_tensors(model, buffers: bool = False):
         if name not in markers:
             yield name, tensor, tensor.requires_grad
     for path, engine in engines.items():
-        marker = model.get_submodule(path)._parameters.get(engine.marker)
-        toggled = marker is not None and raw_attr(marker, "requires_grad") != engine.trainable  # requires_grad_() since
         seen = set()
         for name, tensor, parameter, _ in engine.kept():
             if parameter != buffers and id(tensor) not in seen:
                 seen.add(id(tensor))
-                trainable = parameter and (not engine.trainable if toggled else name not in engine.frozen)
+                trainable = parameter and _trainable(engine, name)
                 yield f"{path}.{name}" if path else name, tensor, trainable
 
 
@@ -61,13 +59,26 @@ def named_parameters(model, prefix: str = "", recurse: bool = True, remove_dupli
         listed = [(name, tensor) for name, tensor in module._parameters.items() if name != marker]
         taken = vars(module).get("extra_repr")
         if isinstance(taken, functools.partial) and isinstance(taken.args[0], HeldWeights):  # `held_repr`
-            listed += [(name, view) for name in taken.args[0].held.get(taken.args[1], ())
-                       if isinstance(view := vars(module).get(name), HeldTensor) and view.parameter]
+            held, where = taken.args
+            for name in held.held.get(where, ()):
+                if isinstance(view := vars(module).get(name), HeldTensor) and view.parameter:
+                    with torch._C.DisableTorchFunctionSubclass():  # trainable as `give_back` would leave it
+                        view.requires_grad_(_trainable(held, f"{where}.{name}" if where else name))
+                    listed.append((name, view))
         for name, tensor in listed:
             if tensor is None or (remove_duplicate and id(tensor) in seen):
                 continue
             seen.add(id(tensor))
             yield f"{path}.{name}" if path else name, tensor
+
+
+def _trainable(engine, name: str) -> bool:
+    """Whether the held parameter `name` (as the body named it when taken) trains once given back: the marker's
+    requires_grad where `requires_grad_()` set it since, else as it was at attach."""
+    marker = engine.unit._parameters.get(engine.marker)
+    if marker is not None and raw_attr(marker, "requires_grad") != engine.trainable:
+        return not engine.trainable
+    return name not in engine.frozen
 
 
 def parameters(model, recurse: bool = True):
