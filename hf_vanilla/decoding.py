@@ -231,6 +231,8 @@ class CachedDecoder:
         if self.cache is None:
             return
         self.keys, self.values = list(self.cache[:, 0]), list(self.cache[:, 1])  # per layer (groups, H, slots, D)
+        slots = (self.groups, self.heads, length, group, self.head_dim)  # the same, slot (position, beam) apart
+        self.slots = [(key.view(slots), value.view(slots)) for key, value in zip(self.keys, self.values)]
         beams = torch.arange(group, device=device)
         self.lineage = beams[None, :, None].repeat(self.groups, 1, length)  # (groups, group, length)
         self.beams, self.first_rows = beams, torch.arange(self.groups, device=device)[:, None] * group
@@ -280,9 +282,10 @@ class CachedDecoder:
     def step(self, input_ids, start: int):
         """The next-token logits (R, V) after `input_ids` (R, T), the tokens at positions start..start+T-1 (T > 1 for
         a prompt), their keys and values written into the cache."""
-        end = start + input_ids.shape[1]
-        types = None if self.token_types is None else self.token_types[:, start:end]
-        hidden_states = self.stack.embeddings(input_ids=input_ids, position_ids=self.positions[:, start:end],
+        T = input_ids.shape[1]
+        end = start + T
+        types = None if self.token_types is None else self.token_types.narrow(1, start, T)
+        hidden_states = self.stack.embeddings(input_ids=input_ids, position_ids=self.positions.narrow(1, start, T),
                                               token_type_ids=types)  # (R, T, E)
         mask = self._self_mask(start, end)
         for i, layer in enumerate(self.layers):
@@ -295,7 +298,7 @@ class CachedDecoder:
                 hidden_states = layer.ffn_norm(hidden_states + layer.ffn(hidden_states))
         if self.stack.final_norm is not None:
             hidden_states = self.stack.final_norm(hidden_states)
-        return self.lm_head(hidden_states[:, -1])  # (R, V)
+        return self.lm_head(hidden_states.select(1, -1))  # (R, V)
 
     def _self_mask(self, start, end):
         """The additive mask (groups, 1, group * T, end * group) of self-attention's slots: a query sees the slots
@@ -317,12 +320,12 @@ class CachedDecoder:
         x = norm(hidden_states) if layer.pre_norm else hidden_states
         R, T, E = x.shape
         G, H, D, end = self.group, self.heads, self.head_dim, start + T
-        for cache, projection in ((self.keys[i], attention.k_proj), (self.values[i], attention.v_proj)):
-            slots = cache.view(self.groups, H, -1, G, D)[:, :, start:end]  # (groups, H, T, G, D)
-            slots.copy_(projection(x).view(self.groups, G, T, H, D).permute(0, 3, 2, 1, 4))
+        for slots, projection in zip(self.slots[i], (attention.k_proj, attention.v_proj)):
+            new = projection(x).view(self.groups, G, T, H, D).permute(0, 3, 2, 1, 4)  # (groups, H, T, G, D)
+            slots.narrow(2, start, T).copy_(new)
         query = attention.q_proj(x).view(self.groups, G * T, H, D).transpose(1, 2)  # (groups, H, G * T, D)
-        context, _ = eager_attention_forward(attention, query, self.keys[i][:, :, :end * G],
-                                             self.values[i][:, :, :end * G], mask, scaling=attention.scaling)
+        context, _ = eager_attention_forward(attention, query, self.keys[i].narrow(2, 0, end * G),
+                                             self.values[i].narrow(2, 0, end * G), mask, scaling=attention.scaling)
         output = attention.o_proj(context.reshape(R, T, E))  # (groups, G * T, H, D) -> (R, T, E)
         return hidden_states + output if layer.pre_norm else norm(hidden_states + output)
 
@@ -363,17 +366,17 @@ def greedy_search(run):
     rows, prompt = run.input_ids.shape
     tokens = run.input_ids.new_empty(rows, run.max_length)  # (R, max_length), filled as the loop goes
     tokens[:, :prompt] = run.input_ids
-    unfinished = torch.ones(rows, dtype=torch.long, device=tokens.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=tokens.device)
     logits, length = run.decoder.step(run.input_ids, 0), prompt
     while True:
-        next_tokens = run.process(tokens[:, :length], logits.float()).argmax(-1)  # (R,)
+        next_tokens = run.process(tokens.narrow(1, 0, length), logits.float()).argmax(-1)  # (R,)
         del logits  # before the next step's: one (R, V) buffer at a time, its memory reused rather than refaulted
         if run.eos is not None:  # a finished row continues with padding
-            next_tokens = next_tokens * unfinished + run.pad * (1 - unfinished)
+            next_tokens.masked_fill_(finished, run.pad)
+            finished |= torch.isin(next_tokens, run.eos)
         tokens[:, length] = next_tokens
         length += 1
-        unfinished = unfinished & ~run.stops(tokens[:, :length])
-        if unfinished.max() == 0:
+        if length >= run.max_length or finished.all():  # transformers' MaxLengthCriteria, EosTokenCriteria
             return tokens[:, :length].clone()
         logits = run.decoder.step(next_tokens[:, None], length - 1)
 
