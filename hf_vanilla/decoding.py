@@ -1,32 +1,18 @@
 """Greedy and beam-search decoding for the generative models, behind `generate()`: the loop as its arithmetic.
 
-transformers' `generate` calls the model's whole forward for every new token: input checks, the batch's plan, masks
-and a cache grown by concatenation, around one token per row. Here `generate` prepares as transformers does (its own
-code: the generation config, the encoder's pass, the logits processors and stopping criteria) and hands the loop to
-this module, which decodes where the request is one it covers and runs transformers' own loop on the same
-preparation otherwise. Its step:
+transformers' `generate` calls the model's whole forward (checks, plan, masks, a cache grown by concatenation) for
+every new token. Here `generate` prepares as transformers does (generation config, encoder pass, processors, stopping
+criteria) and hands the loop to this module where it covers the request, else to transformers' own loop. Its step
+writes self-attention keys and values into a cache allocated once, where they stay (reordering beams rewrites which
+slots each beam reads, `CachedDecoder`); computes cross-attention keys and values once per source, the beams of a
+source reading them side by side; and calls the decoder's own modules on the new token of every row, so it reads the
+live weights at every call and keeps nothing derived from the model (int8 and bf16 models take the same step). The
+loops are whole-batch tensor operations, step for step those of transformers' `_sample` and `_beam_search`: the same
+scores, processors, top-k and tie order, hence transformers' tokens.
 
-- writes self-attention keys and values into a cache allocated once for the whole generation, where they stay:
-  reordering beams rewrites which slots each beam reads (`CachedDecoder`), not the cache;
-- computes cross-attention keys and values once per source; the beams of a source read them together (their queries
-  side by side), so they are never copied per beam;
-- calls the decoder's own modules (embeddings, projections, norms, feed-forward, output projection) on the new token
-  of every row, so it reads the live weights at every call and keeps nothing derived from the model; int8
-  (`quantize_int8`) and bf16 models take the same step.
-
-The loops are whole-batch tensor operations, step for step those of transformers' `_sample` (greedy) and
-`_beam_search`: the same scores, processors, top-k and tie order, hence transformers' tokens.
-
-Covered: `VanillaSeq2SeqForConditionalGeneration`, `VanillaDecoderForCausalLM` and `VanillaEncoderForCausalLM` in eval
-mode with "sdpa" or "eager" attention; greedy search and beam search (`num_beams`, `num_return_sequences`,
-`length_penalty`, `early_stopping`), `max_length` / `max_new_tokens`, `min_length` / `min_new_tokens`, one or several
-`eos_token_id`, a decoder prompt (`decoder_input_ids`), a left-padded prompt for the decoder-only models, and the
-processors `bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `forced_bos_token_id`, `forced_eos_token_id`,
-`no_repeat_ngram_size`, `repetition_penalty`, `sequence_bias`, `remove_invalid_values`, `renormalize_logits`.
-Anything else takes transformers' loop: sampling, other modes, assistant models, streamers, `logits_processor` /
-`stopping_criteria` / `prefix_allowed_tokens_fn` passed in, `return_dict_in_generate` (scores, attentions, hidden
-states), a cache passed in or `cache_implementation`, `use_cache=False`, `stop_strings`, `max_time`, embeddings as
-input, a decoder attention mask, training mode, other attention backends, hooks on the decoder, distributed models.
+Covered: the seq2seq model and both causal LMs in eval mode with "sdpa" or "eager" attention, greedy and beam search
+with the processors a generation config implies (`plan`, `covered_processors`); the table of what is covered and
+what takes transformers' loop is in docs/hf_integration.md.
 """
 
 import math
