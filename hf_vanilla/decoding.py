@@ -53,6 +53,7 @@ class VanillaGenerationMixin(GenerationMixin):
     module docstring lists what it covers) and in transformers' loop otherwise, with the same tokens either way."""
 
     def generate(self, *args, **kwargs):
+        """transformers' `generate` (same arguments, same tokens), its loop run here where this module covers it."""
         if len(args) > 2 or any(_given(kwargs.get(name)) for name in STEP_ASIDE_ARGUMENTS) or decoder_of(self) is None:
             return super().generate(*args, **kwargs)
 
