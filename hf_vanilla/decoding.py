@@ -8,7 +8,7 @@ slots each beam reads, `CachedDecoder`); computes cross-attention keys and value
 source reading them side by side; and calls the decoder's own modules on the new token of every row, so it reads the
 live weights at every call and keeps nothing derived from the model (int8 and bf16 models take the same step). The
 loops are whole-batch tensor operations, step for step those of transformers' `_sample` and `_beam_search`: the same
-scores, processors, top-k and tie order, hence transformers' tokens.
+scores, processors and top-k (exactly equal scores aside, `_top_k`), hence transformers' tokens.
 
 Covered: the seq2seq model and both causal LMs in eval mode with "sdpa" or "eager" attention, greedy and beam search
 with the processors a generation config implies (`plan`, `covered_processors`); the table of what is covered and
