@@ -730,11 +730,10 @@ def test_copies_answer_alike_and_apart(pair, path, how):
         copied = copy.deepcopy(model)
     for got, want in zip(answer(copied, inputs), before):
         assert_close(got, want, dtype=path.rule)
-    names = set(_params(copied))
-    EDITS["in-place under no_grad"](copied, names)
+    EDITS["load_state_dict"](copied, None)  # the edit every path follows (holding engines refuse in-place writes)
     for got, want in zip(answer(model, inputs), before):
         assert_close(got, want, dtype=path.rule)
-    EDITS["in-place under no_grad"](reference, names)
+    EDITS["load_state_dict"](reference, None)
     assert_answers(path, copied, reference, inputs)
 
 
