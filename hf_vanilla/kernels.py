@@ -4,11 +4,11 @@ Every projection in the model (W^Q, W^K, W^V, W^O, the feed-forward's W1 and W2,
 an `nn.Linear` whose CPU float32 inference may run oneDNN's matmul instead of the BLAS call behind `F.linear`
 (MKL's sgemm on x86 builds of torch). It is the same product of the same weights in another kernel, which differs
 only in the order it sums (outputs within float32 rounding). It exists because MKL is slow on the skinny products
-of small requests and generation (1.6-2.8x at 8-16 rows on AMD Zen 4); docs/performance_history.md has the measurements.
+of small requests and generation, where oneDNN was measured faster (docs/performance.md has the figures).
 
-Which of the two is faster depends on the CPU, the shape, the number of rows, the threads and the cache: on an
-Intel Xeon a user measured, oneDNN lost 0.71x on MiniLM's 384 x 384 projections at 16 rows, where it gains on AMD, and
-no size threshold is right on both. So the choice is measured, per process, in the model (policy "measure", the
+Which of the two is faster depends on the CPU, the shape, the number of rows, the threads and the cache: the same
+small projection was measured faster in oneDNN on one CPU and slower on another, so no size threshold is right on
+all of them. So the choice is measured, per process, in the model (policy "measure", the
 default): for each key (in_features, out_features, rows rounded up to a power of two and capped at 1024, torch's
 thread count), the eligible calls time the two kernels until each has `CALIBRATION_CALLS` timings, and all return
 F.linear's result; after them the key runs oneDNN only if F.linear's median time is at least `MIN_GAIN` times
@@ -19,8 +19,8 @@ the weights as the model does. Two things would time something else than the ker
 first call is not timed (its weight's first read after loading page-faults, and oneDNN builds its primitive for
 the shape then), and each layer alternates between the kernels from one call to its next, so that both are timed
 at every place in the model (alternating call by call within a forward timed oneDNN on every W^Q and W^V and
-F.linear on every W^K and W^O; on AMD Zen 4 the old scheme kept bert-base's 3072 x 768 products at 16 rows on
-F.linear, 0.98 ms against oneDNN's 0.68 in a loop over 24 weights). The timing, the per-layer turns and the
+F.linear on every W^K and W^O, and so kept products on F.linear that oneDNN computes faster in a loop over the
+model's weights). The timing, the per-layer turns and the
 decision are hf_vanilla/measure.py's, shared with the other measured choices; `decisions()` shows what was decided.
 
 `pinned()` pauses the measurement in one thread: its products whose key is still measured run F.linear, untimed (a
@@ -63,7 +63,7 @@ def is_transformed() -> bool:
     return torch._C._functorch.maybe_current_level() is not None or torch.autograd.forward_ad._current_level >= 0
 
 
-# x86-64 only: where torch's float32 products otherwise go to MKL, the comparison measured (docs/performance_history.md).
+# x86-64 only: where torch's float32 products otherwise go to MKL, the kernel oneDNN is compared with.
 _ONEDNN = (
     platform.machine().lower() in ("x86_64", "amd64")
     and torch.backends.mkldnn.is_available()
@@ -73,12 +73,12 @@ POLICIES = ("measure", "onednn", "blas")
 POLICY = os.environ.get("HF_VANILLA_LINEAR_KERNEL", "measure")
 if POLICY not in POLICIES:
     raise ValueError(f"HF_VANILLA_LINEAR_KERNEL={POLICY!r}: use one of {', '.join(POLICIES)} (default: measure).")
-# Below this many weights oneDNN's fixed cost per call (~12 us, against MKL's ~3) cannot be won back: 32 x 32 runs at
-# 0.2-0.3x on AMD Zen 4 at every row count. Not measured, so that tiny models pay nothing for calibration.
+# Below this many weights oneDNN's fixed cost per call, several times MKL's, cannot be won back at any row count
+# (a 32 x 32 weight always ran slower in oneDNN). Not measured, so that tiny models pay nothing for calibration.
 MIN_WEIGHTS = 2**12
 CALIBRATION_CALLS = 6  # timed calls of each kernel per shape
-MIN_GAIN = 1.05
-MAX_ROWS_BUCKET = 1024  # above it the ratio stops moving with rows (sweep in docs/performance_history.md)
+MIN_GAIN = 1.05  # oneDNN must be this many times faster (median against median) for a key to leave F.linear
+MAX_ROWS_BUCKET = 1024  # row counts above it share one key: there the kernels' ratio no longer moves with rows
 # oneDNN (the challenger) or F.linear, per key: see the module docstring and hf_vanilla/measure.py.
 CHOICE = MeasuredChoice("linear kernel: oneDNN?", ("blas", "onednn"), "onednn", CALIBRATION_CALLS, MIN_GAIN)
 

@@ -9,16 +9,14 @@
 
 bfloat16 halves the bytes a matrix product reads, but it is only faster where the hardware multiplies bf16 natively.
 A CPU without AMX or AVX-512 BF16 has no bf16 dot product: an AVX2-only CPU has no oneDNN bf16 kernel at all, and
-torch multiplies bf16 in its reference kernel, several times slower than float32 (docs/performance.md, AMD Zen 3).
-Having the instruction is not enough either: on a user's Intel Xeon with AVX-512 BF16 but no AMX, bf16 ran
-at 0.67-0.92x float32, while on AMD Zen 4, with the same AVX-512 BF16 and no AMX, it ran at 1.8-2.1x, and with AMX
-(Intel Sapphire Rapids and later) at 2.9-4.1x (docs/performance_history.md; the Intel figures are users' reports).
-So the rule is the hardware: AMX, or AVX-512 BF16 on an AMD CPU (Zen 4 and Zen 5, whose 512-bit bf16 dot products
-run at full width), read from the CPU (torch's cpuinfo checks, /proc/cpuinfo as a fallback). An Intel CPU with
-AVX-512 BF16 but no AMX (Cooper Lake, that user's Xeon) stays on float32. An earlier version timed one feed-forward
-block in both precisions in the process; on an AMX Xeon that timing answered True when the machine was quiet and
-False under load, where bf16 was in fact 2.7-13.5x faster: a decision that gates the fastest path must not depend on
-what else the machine is doing.
+torch multiplies bf16 in its reference kernel, several times slower than float32 (docs/performance.md).
+Having the instruction is not enough either: with AVX-512 BF16 but no AMX, bf16 was measured slower than float32
+on an Intel CPU and faster on AMD ones, and with AMX faster still (docs/performance.md has the figures).
+So the rule is the hardware: AMX, or AVX-512 BF16 on an AMD CPU (whose 512-bit bf16 dot products run at full
+width), read from the CPU (torch's cpuinfo checks, /proc/cpuinfo as a fallback). An Intel CPU with AVX-512 BF16 but
+no AMX stays on float32. An earlier version timed one feed-forward block in both precisions in the process; on a
+CPU with AMX that timing answered True when the machine was quiet and False under load, where bf16 was in fact
+much faster: a decision that gates the fastest path must not depend on what else the machine is doing.
 
 torch's own `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not this test: it is true on any AVX-512 CPU, where
 oneDNN can *run* bf16 (emulated), including CPUs where that is slower.
@@ -54,7 +52,7 @@ def cpu_vendor() -> str:
 
 
 def cpu_name() -> str:
-    """/proc/cpuinfo's model name ("AMD EPYC 9R45"), or "" where it cannot be read."""
+    """/proc/cpuinfo's model name (the vendor's name for the CPU), or "" where it cannot be read."""
     return _cpuinfo("model name")
 
 
@@ -118,9 +116,9 @@ def cpu_capabilities(flags=None, vendor=None) -> dict:
     avx512       (avx512f, avx512bw) every engine's float32 in 512-bit vectors
     avx512_vnni  int8 products accumulated in int32: fbgemm and MLAS use 8-bit weights; OpenVINO's int8 products
     avx_vnni     MLAS: 8-bit weights; fbgemm has no VNNI kernel but AVX-512's: 7-bit weights
-    avx512_bf16  PyTorch's bf16 dot products: faster than float32 on AMD (Zen 4, 5), not on Intel's Cooper Lake;
+    avx512_bf16  PyTorch's bf16 dot products: faster than float32 on AMD, not on Intel CPUs without AMX;
                  OpenVINO computes bf16 by default (its precision hint); ONNX Runtime's CPU engine float32 only
-    amx          (amx_bf16, amx_int8) bf16 tiles, 2.9-4.1x float32 in PyTorch; MLAS's int8 on amx_int8; OpenVINO
+    amx          (amx_bf16, amx_int8) bf16 tiles, PyTorch's fastest bf16; MLAS's int8 on amx_int8; OpenVINO
                  bf16 by default
 
     Returns the capabilities (True / False) and what follows from them: `bf16_fast` (`bf16_is_fast`'s rule, from
@@ -184,7 +182,7 @@ class Int8Linear(_Int8Weighted):
     Weights use 8 bits where the CPU has AVX-512 VNNI and 7 bits elsewhere (`weight_levels`: without VNNI 8-bit
     weights can overflow the kernel's int16 sums), activations all 8. fbgemm's own answer to that overflow, 7-bit
     activations (`reduce_range=True`), lost more on MiniLM (lowest cosine 0.980, top-1 neighbours 91.4%) than 7-bit
-    weights (0.982, 94.1%); 8-bit weights on AMD Zen 5 (AVX-512 VNNI): 0.991, 93.4% (tests/test_precision.py).
+    weights (0.982, 94.1%); 8-bit weights with AVX-512 VNNI: 0.991, 93.4% (tests/test_precision.py).
 
     It owns its weight (docs/errors_and_safety.md, "Derived state"): the int8 weight is the layer's state, held
     in fbgemm's packed form, and nothing else can write it, so nothing can leave it stale. There is no float32
@@ -287,7 +285,7 @@ class Int8Embedding(_Int8Weighted):
     """Token embeddings that read the int8 matrix of the vocabulary projection they are tied to.
 
     Where the output projection is the token embedding matrix (section 3.4: Marian, BERT's masked-LM head), the
-    projection is the largest product a decoding step runs (Marian: 58101 x 512, 4.6 ms of a float32 step, bound by
+    projection is the largest product a decoding step runs (Marian: 58101 x 512, bound by
     reading the matrix), and `quantize_int8` makes it an `Int8Linear`. The lookups must then read that same int8
     matrix: a float32 table kept beside it would be a second copy of one weight, and an edit to either would leave
     the other stale. So the projection owns the matrix and this module keeps none: row i is the projection's int8 row
