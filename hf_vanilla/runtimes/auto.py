@@ -8,82 +8,23 @@
     auto_choice(model)   # which path runs, why, and what each measured
 
 Why. Which way of running an encoder is fastest depends on the CPU, the request size and the libraries installed,
-and docs/deploy.md can only answer from the CPUs it was measured on. So the choice is measured where the model runs.
+and no table answers for a CPU it was not measured on. So the choice is measured where the model runs.
 
-What is measured. The installed paths (`PATHS`; one whose packages are missing, or that refuses this model, is not
-a candidate): eager PyTorch (its padding-free path), ONNX Runtime fed the model's weights, ONNX Runtime holding them,
-OpenVINO holding them; with `precision="fastest"` their int8 forms, and where the CPU multiplies bf16 natively
-(`hf_vanilla.precision.bf16_is_fast`) OpenVINO's bf16 and eager PyTorch in bf16 (padding-free, on a bf16 copy). Each
-is attached to its own copy of the model (over the model's tensors: the weights are not copied) and timed on the
-model's encoder at one short dense row (`SHORT`), a small right-padded batch (`PADDED`) and a dense 8x128 batch
-(`LARGE`: where the paths' order can turn, as it did on an Intel Xeon with AMX, ONNX Runtime holding the weights
-level with OpenVINO at 1x16 and 0.76 of it at 8x128), as the engine will run them (the engine's own path; PyTorch's
-separately), each as such requests come, in balanced orders (`measure.balanced_orders`: each path right after each
-other one equally often), for `ROUNDS` rounds at least and until `BUDGET_S` seconds have passed:
-- the short query after an idle moment (`IDLE_S`, 50 ms, the benchmark's idle gap) and after another path's call,
-  `QUERIES` times a round. The idle decides which engine answers a query first: MiniLM on a 2-core Zen 4, ONNX
-  Runtime holding the weights answered 15% sooner than OpenVINO after 20 ms of idle, and after none (calls back to
-  back); OpenVINO was sooner after 50 ms and after 200 ms, as in the benchmark's rounds, which is how queries come;
-- each batch in blocks, as batches come back to back: the block's first call not counted (right after another
-  engine's, it pays for that engine's spinning threads, which no request to a model holding one engine pays), then
-  `BLOCK` calls (`LARGE_BLOCK` of the large batch), their median.
-A path's time at a request is the median of its samples, not the best: ONNX Runtime's short calls are bimodal on the
-VMs measured, and the best of a few samples chose by luck. It runs once per machine (the decision is kept, below);
-its cost, with the attach of every path, is logged at INFO (docs/performance.md has it). A machine saturated
-throughout defeats it: every engine then measures level with PyTorch.
+What it does (docs/deploy.md, "How auto measures and chooses", gives each step's reason). Every installed path of
+`PATHS` (with `precision="fastest"` also the int8 and, where bf16 is fast, bf16 forms whose expected lowest token
+cosine on a sample of real text reaches `ACCURACY_FLOOR`: hf_vanilla/runtimes/accuracy.py) is attached to its own
+copy of the model, over the model's tensors, and timed on the encoder at `SHORT`, `PADDED` and `LARGE` requests as
+such requests come (the short query after `IDLE_S` of idle, batches back to back in blocks), in balanced orders, for
+at least `ROUNDS` rounds and until `BUDGET_S` seconds have passed; a path's time is its samples' median. The path of
+least geometric mean time wins, one within `TIE` of it at every request and earlier in `PATHS` (fewer restrictions)
+preferred; a runner-up within `NOISE` has the next load measure once more. At "fastest", the sizes where another
+path leads go to it (`_split`). The decision is kept beside the graphs (hf_vanilla/runtimes/decision.py), unless it
+was measured on a saturated machine (`saturated`).
 
-How it chooses. At each request, a path that has an engine runs what the per-size choice would run
-(hf_vanilla/runtimes/choice.py): the engine on the short request (no padding) and at a reduced precision, else the
-engine where it was at least `choice.CHOICE_MIN_GAIN` faster than PyTorch, else PyTorch. The path chosen is the one
-whose geometric mean time over the three requests is least; one within `TIE` of it at each request that comes first
-in `PATHS` (fewer restrictions: PyTorch, then the engine fed the weights, then those holding them) is preferred. The
-chosen engine is attached to the model, and the per-size decisions of the measured requests are kept
-(`MeasuredChoice.decide`): other sizes are measured by the engine as they come, as with any runtime (float32 engines
-only: an engine at int8 or bf16 answers every request it computes, hf_vanilla/runtimes/choice.py).
-
-Per size, at "fastest". The path that leads on short queries often does not lead on batches (Intel Xeon with AMX,
-bert-base: OpenVINO int8 10.6 ms at 1x16 against bf16 PyTorch's 24.0, 410 ms at 8x128 against 222; AVX2-only EPYC,
-MiniLM: OpenVINO float32 5.4 ms at 1x16 against ONNX Runtime int8's 9.4, 145 at 8x128 against 114). So where an
-engine holding the weights is chosen, requests from the real tokens where its times and another path's cross
-(`_split`) go to that path beside it (`OwnedEncoder.pair`; an engine there holds a second form of the weights),
-decided here, by real tokens: an input is answered one way from its first call. Where bf16 PyTorch leads at every
-request, the model runs in bf16 alone.
-
-The accuracy rule of `precision="fastest"`. A path below float32 (int8, bf16) is a candidate only where the lowest
-per-token cosine against float32 PyTorch that it is expected to reach over 100,000 tokens of real text, run through
-the model's own weights, is at least `ACCURACY_FLOOR`: 0.984, what CTranslate2's int8 reaches on MiniLM over some
-100,000 real tokens (0.9845 over gensim's 93,665, 0.984 over the 256 Lee sentences of tests/test_precision.py), the
-most accurate of the int8 engines users compare with (ONNX Runtime's own quantizer as it comes: 0.968). The expected
-lowest is predicted from the path's cosines on `sample` (hf_vanilla/runtimes/accuracy.py says how, why a sample's
-own lowest is not enough, and what the prediction promises): by default 128 English sentences shipped with the
-package, tokenized by the model's own tokenizer; a user's texts or tokenized batches otherwise. A model without a
-tokenizer and without a sample gets no reduced path (a warning says how to give one): ids spread over the
-vocabulary, as the timed requests are, do not reach the tokens where a reduced precision loses most (a model with an
-outlier channel passed on them and missed the floor on real text). The engine answers every batch of the sample
-itself. Float32 paths answer within the float32 rule of PyTorch (each engine checks its graph at attach).
-
-Kept. The decision is written beside the graphs and read at the next load (hf_vanilla/runtimes/decision.py says
-where, what its key holds, and which files are never trusted). A decision measured while the machine was saturated
-(`saturated`: a load average above the cores this process may use) serves its process only and is not written. To
-measure again, remove the file (`auto_choice(model).file`).
-
-How sure. `margin` is how much slower the next fastest path measured than the one chosen (1.30: 30% slower). A
-margin under `NOISE` (5%) may be one measurement's noise (loads of MiniLM on one machine chose OpenVINO six times
-and ONNX Runtime twice before the medians): such a decision is kept unsettled, and the next load measures again,
-once; where the two measurements disagree within the noise, the path with fewer restrictions (earlier in `PATHS`)
-is kept. Either way it is then settled.
-
-What it takes. A float32 model on the CPU: a model loaded in bf16 is refused, naming the fix (`dtype=torch.float32`,
-of which `precision="fastest"` measures the bf16 forms where they are faster and accurate enough, or `runtime=None`
-to run it in bf16 on PyTorch); an engine would answer it in float32, which its head cannot take.
-
-What it costs. The measurement holds every engine path's own form of the weights at once (docs/performance.md,
-Memory), freed after: where memory is tight, name the engine. `precision="fastest"` also runs the sample (the
-built-in one: some 3,200 tokens) once through float32 PyTorch and once through each reduced path, and hashes the
-weights at every load. The chosen engine's rules are the model's (a held engine refuses training and edits it
-cannot follow: docs/deploy.md); a user who edits weights between calls or trains names `runtime="onnxruntime"` (fed
-the weights) or none. `runtime=None` stays eager PyTorch: auto measures for seconds and may hand the weights to an
-engine, which an existing caller did not ask for.
+What it takes and costs. A float32 model on the CPU (one loaded in bf16 is refused, naming the fix); every engine's
+form of the weights at once while it measures, freed after; seconds at the first load. `runtime=None` stays eager
+PyTorch: auto measures and may hand the weights to an engine that refuses training and edits, which an existing
+caller did not ask for.
 """
 
 import functools
@@ -116,13 +57,13 @@ logger = logging.getLogger(__name__)
 BUDGET_S = 2.0  # seconds of rounds, all paths together (ROUNDS at least, however long they take)
 ROUNDS = 3  # rounds at least, whatever the budget
 QUERIES = 3  # timed calls of the short query per path and round, each after IDLE_S and another path's call
-IDLE_S = 0.05  # the idle moment before each short query, as benchmarks/engines.py idles (why: the module docstring)
+IDLE_S = 0.05  # seconds of idle before each short query, benchmarks/engines.py's idle gap (why: docs/deploy.md)
 BLOCK = 3  # timed calls of the padded batch per block, after its first (not timed)
 LARGE_BLOCK = 1  # of the large batch: its calls are long, their spread small beside them, and they cost the load
 WARM_CALLS = 40  # untimed calls of each path and request at most, until PyTorch's kernels are chosen
 TIE = 1.02  # a path this close to the fastest at every request, earlier in PATHS, is preferred
-ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (the module docstring)
-NOISE = 1.05  # a chosen path whose runner-up measured within this factor is measured again once (the docstring)
+ACCURACY_FLOOR = 0.984  # lowest token cosine of a reduced-precision path (why this one: docs/deploy.md)
+NOISE = 1.05  # a chosen path whose runner-up measured within this factor is measured again once (docs/deploy.md)
 
 
 _CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its AutoChoice
@@ -427,9 +368,8 @@ def _split(chosen: str, precision: str, models: dict, inputs: dict, effective: d
 def _choose(effective: dict) -> tuple[str, float | None]:
     """(the path of least geometric mean time over the requests, or one earlier in PATHS within TIE of it at every
     request; its `_margin`). At every request, not in the mean: two paths that differ at one request alone (the
-    short query, where PyTorch answers both engines' batches) would otherwise tie at a third of that difference
-    (AVX2-only EPYC, bert-base: ONNX Runtime holding the weights 4.6% slower than OpenVINO at 1x16, 1.5% over
-    three requests)."""
+    short query, where PyTorch answers both engines' batches) would otherwise tie at a third of that difference,
+    which TIE would then forgive."""
     score = _scores(effective)
     best = min(score, key=score.get)
     chosen = next(path.name for path in PATHS if path.name in score and all(
@@ -486,9 +426,9 @@ def _cpu() -> dict:
 
 def saturated() -> str | None:
     """Why this machine is too busy for a measurement worth keeping (more runnable threads on average over the last
-    minute than cores this process may use), or None. Measured on two cores under a load of 6-9, every engine read
-    level with PyTorch where OpenVINO is 2.5-2.7x faster on a quiet one (docs/performance.md): such a decision serves
-    the process that made it, and is not written for the next."""
+    minute than cores this process may use), or None. Under such a load every engine measured level with PyTorch,
+    even one several times faster on a quiet machine (docs/performance.md): such a decision serves the process that
+    made it, and is not written for the next."""
     try:
         load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
     except (OSError, AttributeError):  # no load average or affinity here (not Linux): nothing to go by
