@@ -63,7 +63,7 @@ def flex_attention_forward(module, query, key, value, attention_mask, **kwargs):
     torch's compile caches (the FX graph cache, in TORCHINDUCTOR_CACHE_DIR, shared by every process of a user) key a
     compiled CPU graph by torch's version, the graph and its settings, but not by the vector instructions its kernels
     were generated for, which ATEN_CPU_CAPABILITY chooses per process. A graph cached by a process capped at AVX2 and
-    read back by an AVX-512 one answers wrongly (flex_attention on an Intel Xeon, torch 2.11 and 2.15: max |diff| 1.6
+    read back by an AVX-512 one answers wrongly (flex_attention on an AVX-512 CPU, torch 2.11 and 2.15: max |diff| 1.6
     against sdpa, with two cache hits; a fresh cache answers right). So the capability joins torch's cache key tag
     (`torch.compiler.config.cache_key_tag`, which every compile cache hashes) before the first compile, forward and
     backward alike; in a process that keeps one capability, as every process does, this only keeps caches apart.

@@ -72,10 +72,9 @@ class MeasuredChoice:
         them, see `owner_turn`) while that one needs timings; with `clear`, each candidate once first, in the order
         named (the early look); else the candidates in blocks: the one timed last goes on while it needs timings,
         then the next in the order named. Blocks, because a whole-model call right after another computation's pays
-        for that one's threads still spinning, which traffic that runs one of them never pays: ONNX Runtime on
-        MiniLM's 16 tokens took 9.2 ms right after a PyTorch call and 3.3 ms in a row (AMD Zen 5, 50 ms apart), and
-        alternating the two decided for PyTorch, which then ran 17 ms. Each block's first `warmup` calls are its
-        warm-up."""
+        for that one's threads still spinning, which traffic that runs one of them never pays: ONNX Runtime on a short
+        request took several times longer right after a PyTorch call than in a row, and alternating the two decided
+        for PyTorch, which then ran slower than the engine. Each block's first `warmup` calls are its warm-up."""
         with self._lock:
             if key in self._decided:  # decided meanwhile by another thread: any candidate gives the answer
                 return self.candidates[0]

@@ -238,7 +238,7 @@ class PackedBatch:
         if len(set(keys)) == sum(1 for _ in itertools.groupby(keys)):
             return None
         # The 32 sentences of benchmarks/engines.py: 20 calls a layer, not 32. Only where that merges calls: the
-        # reordering costs ~25 us a forward.
+        # reordering has a cost of its own every forward.
         return sorted(range(len(keys)), key=keys.__getitem__)
 
     def reorder(self, order):
@@ -373,9 +373,9 @@ def one_kernel_call(module, query, seq_lens, dropout) -> bool:
     """Whether attention over sequences of several lengths runs as one flash-attention call over the packed tokens
     (`attention_in_one_call`) rather than one call per run of equal lengths: on a CUDA GPU of compute capability 8 or
     more, in bfloat16 or float16, under sdpa (whose fastest CUDA kernel flash attention is), without attention
-    dropout, at a head size flash attention takes. A GPU waits for each call's Python and launch: measured on an
-    H200 (torch 2.11, bert-base bf16, 64 rows of lengths 16..256), 52 lengths made 624 calls a forward, 43 ms against
-    transformers' padded 9 ms, where the same tokens at one length took 4.6. The CPU keeps the calls per length: its
+    dropout, at a head size flash attention takes. A GPU waits for each call's Python and launch: on bert-base in bf16,
+    64 rows of 52 lengths made 624 calls a forward, several times slower than transformers' padded forward, where the
+    same tokens at one length were faster than it. The CPU keeps the calls per length: its
     kernels take the 4-D batches (`attend_within_sequences`)."""
     D = query.shape[-1]
     return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and len(set(seq_lens)) > 1

@@ -107,7 +107,7 @@ def command_line() -> int:
     import gc
 
     status = main()
-    # At exit the interpreter's last garbage collections walk every object torch and transformers created: about
-    # 1 s of a 5 s bert-base conversion, to collect nothing this ending process needs back. Exit handlers still run.
+    # At exit the interpreter's last garbage collections walk every object torch and transformers created: a sizeable
+    # share of a short conversion, to collect nothing this ending process needs back. Exit handlers still run.
     gc.freeze()
     return status

@@ -10,12 +10,12 @@ over the elements that carry meaning (real tokens, not padding), where `dtype` i
 computation ran in (a model saved with --dtype float16 is compared, in float16, with its float32 source):
 
 - float32: 1e-5, about 170 units of float32 roundoff (u = 2^-24 = 6e-8). A transformer layer sums thousands of
-  products through a dozen layers; kernel-to-kernel differences measured on AMD Zen 3/4 and Intel Xeon are 0.5e-6 to
-  5e-6 of the magnitude, so 1e-5 holds on any x86 CPU yet is some 1000x below what a wrong mask, a swapped weight or
-  a missing scale produces (1e-2 and up). A whole encoder-decoder's logits are held to it too: they are one more
+  products through a dozen layers; kernel-to-kernel differences measured on AMD and Intel CPUs are 0.5e-6 to 5e-6
+  of the magnitude, so 1e-5 holds on any x86 CPU yet is three orders of magnitude below what a wrong mask, a swapped
+  weight or a missing scale produces (1e-2 and up). A whole encoder-decoder's logits are held to it too: they are one more
   projection of the decoder's last state, and the rule scales with their magnitude (BERT's logits over a 30k
   vocabulary reach tens). Measured on the test checkpoints (tests/test_convert_seq2seq.py, test_convert_marian.py,
-  test_convert_bart.py; the largest |diff| / tolerance, fp32, 2-core AMD EPYC, 2026-11-24): bert2bert and
+  test_convert_bart.py; the largest |diff| / tolerance, fp32): bert2bert and
   warm-start logits 0.10, their hidden states 0.035; Marian 0.043; BART 0.013. The whole model sums more rounding
   than one stack, but not enough to need the looser 5e-5 absolute bound the seq2seq converters used before.
 - float16 / bfloat16 against a float32 reference: 1e-2 and 5e-2 of the magnitude. Every op's output is rounded to

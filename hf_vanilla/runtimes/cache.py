@@ -11,7 +11,7 @@ are removed. The cache removes nothing else: only regular files named as it name
 `STAGING_NAME`), never a folder, a link or another file, since the folder it points at may be the user's (a
 directory in a graph's place is left, and the graph is then kept in memory, with the warning below). A cache that
 cannot be written is used read-only, with a one-line warning: the graph is then exported in memory by every process
-that needs it. Exporting takes 10-30 s per architecture (once); attaching a cached graph, a few hundred milliseconds.
+that needs it. Exporting is paid once per architecture; attaching a cached graph costs a small fraction of it.
 """
 
 import hashlib

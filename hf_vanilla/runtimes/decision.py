@@ -5,7 +5,7 @@ Kept. The decision is written to `auto-<key>.json` in the graph cache folder (ru
 $HF_VANILLA_ONNX_CACHE, else ~/.cache/hf_vanilla/onnx), atomically; the key hashes the model's structure (classes,
 shapes, config) and dtype, the CPU (model name, vendor, flags), the thread count, the precision, the candidate
 paths, and the versions of torch, transformers, onnxruntime, openvino and hf_vanilla; at `precision="fastest"` also
-the weights (sha256 of the encoder's tensors, about 0.1 s per 100 MB) and the sample's tokens, since a
+the weights (sha256 of the encoder's tensors, read at every load) and the sample's tokens, since a
 reduced precision's accuracy is theirs: other weights of one architecture (a fine-tune) are checked anew, where the
 float32 paths' timing is the architecture's and shared. A second load finds it and attaches the chosen engine
 without measuring. A decision measured while the machine was saturated (`saturated`: a load average above the cores
@@ -40,9 +40,9 @@ SHORT = (16,)  # one dense row of 16 tokens: an embedding service's query
 PADDED = (32, 24, 16, 8)  # four rows right-padded to 32: a small batch of mixed lengths
 # Eight rows of 128 tokens, no padding: a batch of a corpus embedded in length order, as sentence-transformers sorts
 # it, which every engine path answers with the engine (a dense request: `choice.measures`). Padded, it was answered
-# by padding-free PyTorch for every float32 engine on an Intel Xeon with AMX, as the padded 4x32 batch was, and the
-# engines' order at scale went unseen: ONNX Runtime holding the weights was chosen, level at 1x16, 0.76 of OpenVINO
-# on a dense 8x128 batch.
+# by padding-free PyTorch for every float32 engine on a CPU with AMX, as the padded 4x32 batch was, and the
+# engines' order at scale went unseen: ONNX Runtime holding the weights was chosen, level with OpenVINO at 1x16 and
+# well behind it on a dense 8x128 batch.
 LARGE = (128,) * 8
 MAX_DECISION_BYTES = 1 << 20  # a kept decision is a few kilobytes: a larger file is not one this code wrote
 PRECISIONS = ("f32", "fastest")

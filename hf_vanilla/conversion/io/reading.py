@@ -310,8 +310,8 @@ def _shards(source_dir: Path, index: str) -> list[str]:
 
 def all_finite(tensor: torch.Tensor) -> bool:
     """Whether a tensor holds no NaN or Inf: its minimum and maximum are finite exactly when every element is
-    (aminmax propagates NaN). One pass and no temporary of the tensor's size: bert-base's weights take 0.02 s, where
-    `isfinite(tensor).all()` took 0.17 s."""
+    (aminmax propagates NaN). One pass and no temporary of the tensor's size, where `isfinite(tensor).all()` makes a
+    boolean copy of the tensor and reads it again."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return True
     low, high = torch.aminmax(tensor)

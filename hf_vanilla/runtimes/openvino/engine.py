@@ -1,21 +1,19 @@
 """OpenVINO's engine: an `OpenVinoEncoder` in front of a BERT-style body's forward, holding the body's weights
 (hf_vanilla/runtimes/owned.py: how they are held, and which changes it follows or refuses).
 
-What OpenVINO adds. It compiles the graph with the weights as constants, laid out for its kernels once, and on
-AMD Zen 5 it won every size of benchmarks/engines.py at float32, padded batches included (docs/performance.md).
+What OpenVINO adds. It compiles the graph with the weights as constants, laid out for its kernels once, and on a
+CPU measured it won every size of benchmarks/engines.py at float32, padded batches included (docs/performance.md).
 The dense request of a size decided for it is written straight into the output's memory (`run_dense`).
 
 Shapes of their own, on request. OpenVINO runs a graph whose input shapes are fixed at compile time faster than one
-that takes any shape: with the shapes fixed it infers them and plans its memory once, not at each call (0.3-1.2 ms
-at 16 tokens, identical outputs: MiniLM 1x16 8-11% sooner, bert-base 5%, AMD EPYC Zen 3; 5-15% on Zen 5). With
-`static_shapes=N`, a dense request of at most STATIC_TOKENS tokens gets a compilation of its own (B, T) the second
-time that shape comes, for up to N shapes. Off by default: that compilation stalls the request that pays it (0.2 s
-for MiniLM, 0.5 s for bert-base: the first ten requests of the shape took 5x and 3x their time), each costs its
-kernels' layout of the projections' weights again (MiniLM +53 MB, bert-base +341 MB at float32: the constants read
-the shadow's memory rather than copies), and it repays the stall only after some 400 requests of that very (batch,
-length), which requests of varied lengths never reach. Compiled on a thread beside the requests instead, it made
-the requests meanwhile 2-4x slower (MiniLM, 2 cores: four requests 50 ms apart took 25 ms each against 6, 23 back to
-back 12 ms against 5). Worth it for a service whose requests all have one short shape. The compilations are
+that takes any shape: with the shapes fixed it infers them and plans its memory once, not at each call (short
+requests answered sooner, with identical outputs). With `static_shapes=N`, a dense request of at most STATIC_TOKENS
+tokens gets a compilation of its own (B, T) the second time that shape comes, for up to N shapes. Off by default: that compilation stalls the request that pays it (many
+times that request's own time), each costs its kernels' layout of the projections' weights again (MiniLM +53 MB,
+bert-base +341 MB at float32: the constants read the shadow's memory rather than copies), and it repays the stall
+only after hundreds of requests of that very (batch, length), which requests of varied lengths never reach.
+Compiled on a thread beside the requests instead, it slowed every request made meanwhile, on few cores several
+times over. Worth it for a service whose requests all have one short shape. The compilations are
 derived state like the engine's own, dropped with it at every recompilation (`_compile`), never pickled.
 
 Precisions. "f32"; "bf16" (OpenVINO computes in bfloat16, as it does by default on a CPU with bf16 products, from
@@ -26,13 +24,12 @@ products, where OpenVINO would quietly compute float32: `refuse_another_precisio
 output row with a float32 scale, OpenVINO's compressed-weight products; embeddings, norms and biases float32; the
 shadow keeps and saves the float32 weights, and PyTorch's path runs them in float32).
 
-How OpenVINO multiplies those int8 weights (measured on AMD Zen 5, AVX-512 VNNI): it quantizes the activations at
-each call, one scale per group of `INT8_GROUP` input channels of each token (`DYNAMIC_QUANTIZATION_GROUP_SIZE`), and
-multiplies in int8. Its default group is 32 channels; 128 was 7-30% faster at every size of benchmarks/engines.py
-(bert-base 8x128 163 ms against 196, 1x16 6.3 against 7.6, MiniLM 1x16 2.1 against 2.3) and as accurate as the
-engines' int8 must be (tests/test_precision.py: MiniLM on 256 Lee sentences, lowest token cosine 0.9942 against
+How OpenVINO multiplies those int8 weights (measured with AVX-512 VNNI): it quantizes the activations at each
+call, one scale per group of `INT8_GROUP` input channels of each token (`DYNAMIC_QUANTIZATION_GROUP_SIZE`), and
+multiplies in int8. Its default group is 32 channels; 128 was faster at every size of benchmarks/engines.py and as
+accurate as the engines' int8 must be (tests/test_precision.py: MiniLM on 256 Lee sentences, lowest token cosine 0.9942 against
 0.9933 at 32 and CTranslate2's 0.984; mean 0.9987 against 0.9992); 384 fell to 0.9912, and 0 (no activation
-quantization: the weights widened) was 0.9957 and 32% slower at MiniLM 1x16 (docs/performance.md).
+quantization: the weights widened) was 0.9957 and slower (docs/performance.md).
 """
 
 import os
@@ -117,8 +114,8 @@ class OpenVinoEncoder(OwnedEncoder):
         return [request.get_output_tensor(index).data.copy() for index in range(len(compiled.outputs))]
 
     def run_dense(self, compiled, feeds: dict) -> list:
-        """OpenVINO writes straight into the output's memory, and is called as start + wait, which answers 0.5-0.9
-        ms sooner than `infer()` after an idle moment (MiniLM 1x16, AMD Zen 5; docs/performance.md)."""
+        """OpenVINO writes straight into the output's memory, and is called as start + wait, which answers sooner
+        than `infer()` after an idle moment (docs/performance.md)."""
         request = self._request(compiled, hot=True)
         B, T = feeds["input_ids"].shape
         width = self.shadow.config.hidden_size
