@@ -5,11 +5,17 @@ A path is a word starting with one of the repository's top-level folders (`hf_va
 dotted name is a code span (in backticks) whose first part is `hf_vanilla` or one of its modules
 (`hf_vanilla.conversion.convert`, `flow.convert`, `conversion.flow`): it must import, and its attributes resolve.
 Renaming a file or a function without its docs then fails here, with every broken name listed.
+
+Also: every link's `#anchor` is a heading of the page it points into; README.md keeps to 250 lines; and the code's
+own text (hf_vanilla's comments and docstrings) says what and why, never how fast: a speed-up, a time or a CPU model
+there would only grow old, where docs/performance.md's figures are regenerated from a benchmark's result file.
 """
 
 import importlib
 import importlib.util
+import io
 import re
+import tokenize
 from functools import cache
 from pathlib import Path
 
@@ -200,3 +206,135 @@ def test_a_run_kept_by_the_benchmark_is_what_the_charts_draw(tmp_path, monkeypat
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "exists: name a new file" in refused.stderr
     assert json.loads(kept.read_text()) == record
+
+
+# ---- anchors, lengths ------------------------------------------------------------------------------------------------
+
+ANCHORED = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")  # [text](page.md#heading) or [text](#heading)
+FENCE = re.compile(r"^```.*?^```", flags=re.M | re.S)
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", flags=re.M)
+README_LINES = 250
+
+
+def slugs(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, links reduced to their text, every character but
+    letters, digits, `_`, `-` and spaces dropped, spaces made hyphens; a repeated heading's with -1, -2, ..."""
+    seen: dict[str, int] = {}
+    for heading in HEADING.findall(FENCE.sub("", text)):
+        heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        if count:
+            seen[f"{slug}-{count}"] = 1
+    return set(seen)
+
+
+def broken_anchors(text: str, page: Path, root: Path = REPOSITORY) -> list[str]:
+    """The `page.md#anchor` (and `#anchor`) links of `text` whose page has no heading of that anchor."""
+    broken = []
+    for target, anchor in ANCHORED.findall(FENCE.sub("", text)):
+        if "://" in target or (target and not target.endswith(".md")):
+            continue
+        linked = page if not target else next(
+            (path for path in (page.parent / target, root / target) if path.is_file()), None)
+        if linked is not None and anchor not in slugs(text if not target else linked.read_text()):
+            broken.append(f"{target}#{anchor}")
+    return broken
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[str(p.relative_to(REPOSITORY)) for p in DOCS])
+def test_every_anchor_in_the_docs_is_a_heading(page):
+    broken = broken_anchors(page.read_text(), page)
+    assert not broken, f"{page.relative_to(REPOSITORY)} links to headings that do not exist: {broken}"
+
+
+def test_the_anchor_check_finds_a_missing_heading(tmp_path):
+    (tmp_path / "there.md").write_text("# There\n\n## Which path to pick\n\n## `runtime=\"auto\"`: how\n\n"
+                                       "## Notes\n\n## Notes\n")
+    page = tmp_path / "page.md"
+    text = ("## Here\n\n[a](there.md#which-path-to-pick) [b](there.md#runtimeauto-how) [c](there.md#notes-1) "
+            "[d](#here) [e](there.md#gone) [f](#nowhere) [g](https://example.org/x.md#y)\n```\n[h](#in-code)\n```\n")
+    assert broken_anchors(text, page, root=tmp_path) == ["there.md#gone", "#nowhere"]
+
+
+def test_the_readme_is_short():
+    lines = len((REPOSITORY / "README.md").read_text().splitlines())
+    assert lines <= README_LINES, f"README.md has {lines} lines, at most {README_LINES}: move detail into docs/"
+
+
+def test_the_auto_module_docstring_is_short():
+    """runtime="auto"'s module docstring says what it does and why; each step's reasons are docs/deploy.md's."""
+    import ast
+
+    docstring = ast.get_docstring(ast.parse((REPOSITORY / "hf_vanilla/runtimes/auto.py").read_text()), clean=False)
+    assert len(docstring.splitlines()) <= 30
+
+
+# ---- figures in the code's own text ----------------------------------------------------------------------------------
+
+# A speed-up: a number glued to "x" and followed by neither a word character nor another number ("2.3x", "1.6-2.8x",
+# "3.1x faster", "5x and 3x"; not a shape "8x128" or "1x16", not hex "0x1f", not "384 x 384"), or a percentage that
+# is faster, slower or sooner. A time: a number and a unit ("12.3 ms", "6 us", "10-30 s", "0.2 seconds"). A CPU model:
+# the names a measurement is quoted for; instruction sets (AVX2, AVX-512, AMX, VNNI) and vendors (AMD, Intel), which
+# the code decides on, are not figures.
+NUMBER = r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?"
+FIGURES = {
+    "a speed-up": re.compile(rf"{NUMBER}x(?![\w.]|\.\d)|{NUMBER}\s?%\s(?:faster|slower|sooner|quicker)\b"),
+    "a time": re.compile(rf"{NUMBER}\s?(?:ms|µs|μs|us|ns|s|milliseconds|microseconds|seconds)\b(?!-)"),
+    "a CPU model": re.compile(r"\bZen\s?\d|\b(?:EPYC|Xeon|Ryzen|Genoa|Turin|Milan|Skylake)\b"
+                              r"|\b(?:Sapphire|Granite|Emerald) Rapids\b|\b(?:Ice|Cascade|Cooper) Lake\b"),
+}
+
+
+def prose(source: str):
+    """(line number, line) of the comments and docstrings of Python `source`: every comment, and every string
+    that begins a statement (module, class and function docstrings, and strings standing alone)."""
+    previous = tokenize.NEWLINE
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT or (token.type == tokenize.STRING and previous in (
+                tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)):
+            for offset, line in enumerate(token.string.splitlines()):
+                yield token.start[0] + offset, line
+        if token.type not in (tokenize.COMMENT, tokenize.NL):
+            previous = token.type
+
+
+def figures(source: str, name: str) -> list[str]:
+    """`name:line: what 'figure'` for every speed-up, time and CPU model in `source`'s comments and docstrings."""
+    found = []
+    for number, line in prose(source):
+        for what, pattern in FIGURES.items():
+            found += [f"{name}:{number}: {what} {match.group(0)!r}" for match in pattern.finditer(line)]
+    return found
+
+
+def test_the_code_states_no_speed_figures():
+    """Docstrings and comments say what the code does and why; a speed-up, a time or a CPU model goes to
+    docs/performance.md, rendered from a benchmark's result file, where it can be regenerated."""
+    package = REPOSITORY / "hf_vanilla"
+    found = [figure for path in sorted(package.rglob("*.py"))
+             for figure in figures(path.read_text(), str(path.relative_to(REPOSITORY)))]
+    assert not found, "say why, not how fast (the figures belong in docs/performance.md):\n" + "\n".join(found)
+
+
+def test_the_figure_check_finds_figures_and_only_those():
+    source = '''\
+"""Runs MiniLM 1.6-2.8x faster at 8-16 rows on AMD Zen 4.
+
+Where AVX-512 VNNI or AMX multiply bf16, a (B, T) = 8x128 batch, a 384 x 384 weight, hex 0x1f, x86-64 and int8.
+"""
+LIMIT = 0.05  # seconds: 11.5 of 12.3 ms in `FullyConnected` on an EPYC
+SHAPE = "1x16"  # a 3.1x speed-up, 15% sooner; 1e-5 of the magnitude, 10-30 s, 6 us on Sapphire Rapids
+message = f"took {LIMIT} s, 2x"  # not prose: a value the code prints
+
+
+def f(x):
+    """Version 2.5.1x is not one, nor 2x2, 0.5e-6, 2 seconds-long or 3 sentences; 4x is."""
+    return 0x1f * x
+'''
+    assert figures(source, "m.py") == [
+        "m.py:1: a speed-up '1.6-2.8x'", "m.py:1: a CPU model 'Zen 4'", "m.py:5: a time '12.3 ms'",
+        "m.py:5: a CPU model 'EPYC'", "m.py:6: a speed-up '3.1x'", "m.py:6: a speed-up '15% sooner'",
+        "m.py:6: a time '10-30 s'", "m.py:6: a time '6 us'", "m.py:6: a CPU model 'Sapphire Rapids'",
+        "m.py:11: a speed-up '4x'"]
