@@ -6,25 +6,10 @@ module's forward, falling back to that forward wherever it cannot give the same 
 (only the machinery below them: `export` for its graphs, `kernels.is_tracing`, `measure` for its choice), and the
 model never imports it: hf_vanilla/runtime_registry.py names each engine and imports it when asked.
 
-    onnxruntime/      ONNX Runtime for the encoders, fed the model's own weights (`runtime="onnxruntime"`), or
-                      holding the encoder bodies' weights, at float32 or int8 (`runtime_options={"owned": True}`)
-    openvino/         OpenVINO for the encoder bodies, holding their weights (`runtime="openvino"`)
-    auto.py           whichever of those (or eager PyTorch) measured fastest for the model on this machine, the
-                      decision kept beside the graphs (`runtime="auto"`; decision.py: the paths, the key, the file)
-
-What they share, a module per job (both need the onnx extra: they run the graph `hf_vanilla.export` traces):
-
-    attached.py       what every engine is (in front of a module's forward, able to give it back), and taking
-                      engines off: one engine at a time
-    options.py        the engines' options (precision, threads, cache_dir, ...), checked in one place
-    owned.py          how an engine holds the weights it compiled: taken at attach, saved and loaded through its
-                      doors, each change followed or refused
-    holding.py        what it holds them with: the marker, the read-only views, giving the tensors back
-    choice.py         which answers a request size, the engine or PyTorch, measured in the process
-    watch.py          what the graph was traced from, and the check on every call that the model is still that
-    cache.py          graphs on disk: keys, checks, atomic writes, what may be removed
-    batches.py        a call served, each step once (`serve`): the request read in numpy (the one request
-                      check), the path chosen, padded rows grouped by length, the module's output built
+The engines: onnxruntime/ (`runtime="onnxruntime"`, fed the model's own weights or, with `owned=True`, holding
+them), openvino/ (`runtime="openvino"`, holding them) and auto.py (`runtime="auto"`: whichever measured fastest
+here). What they share is a module per job beside them (both need the onnx extra: they run the graph
+`hf_vanilla.export` traces). Every module and its job: README.md's Layout, the one map.
 
 Adding an engine. An engine fed the model's weights on every call subclasses `attached.Engine` (as
 onnxruntime/engine.py does): nothing is copied, so no write can go stale and any encoder runs, but the engine lays
