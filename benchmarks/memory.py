@@ -40,7 +40,7 @@ def status():
 path, runtime, options, calls, cache, shapes = (sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]),
                                                 sys.argv[5], json.loads(sys.argv[6]))
 import torch, transformers, onnxruntime, openvino
-from hf_vanilla.modeling_vanilla import VanillaEncoderModel
+from hf_vanilla.modeling_encoder import VanillaEncoderModel
 openvino.Core().get_property("CPU", "FULL_DEVICE_NAME")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) from here on

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # finds _common.py als
 import _common  # noqa: E402
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration  # noqa: E402
-from hf_vanilla.modeling_vanilla import shift_tokens_right  # noqa: E402
+from hf_vanilla.losses import shift_tokens_right  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # BOS doubles as the decoder's start token
 DIGIT_OFFSET = 3  # digit d is token d + 3

@@ -16,7 +16,8 @@ import sys
 from .version import __version__
 
 # The modules whose `__all__` make up the public API, each listing its own names once.
-_PUBLIC_MODULES = ("auto_classes", "configuration_vanilla", "modeling_vanilla")
+_PUBLIC_MODULES = ("auto_classes", "configuration_vanilla", "modeling_vanilla", "modeling_encoder",
+                   "modeling_seq2seq", "modeling_decoder")
 
 
 class _RegisterWithTransformers(importlib.abc.MetaPathFinder):

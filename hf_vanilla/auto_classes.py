@@ -3,17 +3,21 @@ that makes `AutoModel.from_pretrained(path)` load a converted checkpoint without
 
 import transformers
 
-from . import modeling_vanilla
+from . import modeling_decoder, modeling_encoder, modeling_seq2seq
 from .configuration_vanilla import VanillaEncoderConfig, VanillaSeq2SeqConfig
 from .heads import MODELS
 from .pipelines import Seq2SeqGenerationPipeline  # noqa: F401  (importing registers "seq2seq-generation")
 
 CONFIGS = {"encoder": VanillaEncoderConfig, "seq2seq": VanillaSeq2SeqConfig}
 
+# class name -> class: every model `heads.py` declares, from the module of its family
+MODEL_CLASSES = {name: getattr(module, name) for module in (modeling_encoder, modeling_seq2seq, modeling_decoder)
+                 for name in module.__all__}
+
 # config class -> {Auto class -> model class}
 AUTO_CLASSES = {
     config_class: {
-        getattr(transformers, declared.auto_class): getattr(modeling_vanilla, name)
+        getattr(transformers, declared.auto_class): MODEL_CLASSES[name]
         for name, declared in MODELS.items() if declared.config == family and declared.auto_class
     }
     for family, config_class in CONFIGS.items()
@@ -35,4 +39,4 @@ def register() -> None:
             model_class.register_for_auto_class(auto_class.__name__)
 
 
-__all__ = ["AUTO_CLASSES"]
+__all__ = ["AUTO_CLASSES", "MODEL_CLASSES"]

@@ -1,13 +1,14 @@
 """Every model class hf_vanilla ships, declared once, with what follows from it elsewhere.
 
-A row names the class (defined in `modeling_vanilla.py`) and:
+A row names the class (defined in its family's module: `modeling_encoder.py`, `modeling_seq2seq.py` or
+`modeling_decoder.py`) and:
     config ....... which config it takes: the encoder's or the encoder-decoder's
     auto_class ... the transformers Auto class that loads it (`auto.py` registers it; None: load it by its class)
     head ......... its name as a converter's `--head` choice (BERT-family formats), where a converter writes it
     export_task .. its `python -m conversion onnx --task`, where it exports
     formats ...... the BERT-family converters that write it (`--head` is `head`), and whose `to-<format>` reads it
 
-`modeling_vanilla.__all__`, the Auto registration, the converters' `--head` choices (the command line's listing, and
+Those modules' `__all__`, the Auto registration, the converters' `--head` choices (the command line's listing, and
 the set each format module's heads table is checked against when it is imported) and the ONNX export tasks are read
 from here, so adding a head is this one row plus its class (and, for a converter, its key table). This module
 imports nothing: the command line reads it to list choices without loading torch.

@@ -3,7 +3,8 @@ alone, where the body ran padding-free), the losses, and what labels ask of the 
 target, the padded path where a loss reads padding positions, no cache while training).
 
 Each is a function of tensors and of the batch's plan (packing.BatchPlan, carried by the body's output as `plan`);
-the heads in `modeling_vanilla.py` call them by name. Shapes follow `transformer.py`'s key (B, T, N, E, V).
+the heads (`modeling_encoder.py`, `modeling_seq2seq.py`, `modeling_decoder.py`) call them by name. Shapes follow
+`transformer.py`'s key (B, T, N, E, V).
 """
 
 from typing import NamedTuple

@@ -6,6 +6,8 @@ suite's float32 rule, tests/numerics.py) and, for the generating classes, the sa
 round trip must return every tensor bit for bit.
 """
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -53,6 +55,13 @@ def test_every_bart_class_converts_both_ways(bart_class, tmp_path, capsys):
     reference = getattr(transformers, bart_class).from_pretrained(tmp_path / "bart").eval()
     ours = auto.from_pretrained(tmp_path / "vanilla").eval()
     assert type(ours).__name__ == our_class
+    # trust_remote_code: every module the auto_map names is saved next to the weights, and still is after a
+    # save_pretrained (which keeps the map it loaded and copies the saved class's module and its imports alone).
+    ours.save_pretrained(tmp_path / "resaved")
+    for folder in (tmp_path / "vanilla", tmp_path / "resaved"):
+        auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+        missing = [name for name in auto_map.values() if not (folder / f"{name.partition('.')[0]}.py").is_file()]
+        assert not missing, (folder.name, missing)
 
     inputs = source_batch(ours.config)  # right-padded rows, each ending in eos (what the classifier reads)
     if bart_class in ("BartModel", "BartForConditionalGeneration"):

@@ -19,8 +19,9 @@ from transformers import (AutoModelForSeq2SeqLM, BartConfig, BertConfig, Encoder
 
 from hf_vanilla import VanillaSeq2SeqConfig, decoding
 from hf_vanilla.conversion import convert
-from hf_vanilla.modeling_vanilla import (VanillaDecoderForCausalLM, VanillaEncoderForCausalLM,
-                                         VanillaSeq2SeqForConditionalGeneration)
+from hf_vanilla.modeling_decoder import VanillaDecoderForCausalLM
+from hf_vanilla.modeling_encoder import VanillaEncoderForCausalLM
+from hf_vanilla.modeling_seq2seq import VanillaSeq2SeqForConditionalGeneration
 from hf_vanilla.precision import bf16_is_fast, quantize_int8
 
 pytestmark = pytest.mark.generation

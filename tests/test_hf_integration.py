@@ -3,7 +3,7 @@ shards, half precision) and resizing the vocabulary.
 
 The remote-code test runs in a fresh interpreter (`python -I`) that cannot import hf_vanilla: what it loads is only
 what `save_pretrained` wrote next to the weights (config.json's `auto_map`, configuration_vanilla.py,
-modeling_vanilla.py), exactly as a user who downloaded the checkpoint would get it.
+modeling_encoder.py and their relative imports), exactly as a user who downloaded the checkpoint would get it.
 """
 
 import json
@@ -188,31 +188,33 @@ def test_every_auto_class_loads_through_remote_code_and_matches_bert(remote_resu
 
 def test_readme_lists_the_files_remote_code_carries():
     """One list of the files a checkpoint carries for trust_remote_code, README's, and it is transformers' own
-    answer: modeling_vanilla.py and its relative imports (`get_relative_import_files`), no more, no fewer."""
+    answer: the model modules (the base and each family's) and their relative imports (`get_relative_import_files`),
+    no more, no fewer."""
     import re
 
     from transformers.dynamic_module_utils import get_relative_import_files
 
     package = Path(hf_vanilla.__file__).parent
-    carried = {"modeling_vanilla.py"} | {Path(f).name for f in get_relative_import_files(package / "modeling_vanilla.py")}
+    families = [package / f"modeling_{family}.py" for family in ("encoder", "seq2seq", "decoder")]
+    carried = {Path(f).name for module in families for f in (module, *get_relative_import_files(module))}
     readme = (package.parent / "README.md").read_text()
     sentence = re.search(r"Files that travel with a checkpoint for `trust_remote_code`.*?imports\): (.*?)\. They",
                          readme, flags=re.S).group(1)
-    assert set(re.findall(r"`([a-z_]+\.py)`", sentence)) == carried
+    assert set(re.findall(r"`([a-z0-9_]+\.py)`", sentence)) == carried
 
 
 def test_a_resaved_checkpoint_carries_its_code(resaved):
     """A folder saved by save_pretrained (not by the converter) keeps the full auto_map it was loaded with; the code
     files it names must be there, and each Auto class must still name its own class."""
     _, directory = resaved
-    code_files = ("configuration_vanilla.py", "modeling_vanilla.py", "transformer.py", "compat.py", "kernels.py",
-                  "masks.py", "measure.py", "packing.py", "validation.py")
+    code_files = ("configuration_vanilla.py", "modeling_encoder.py", "modeling_vanilla.py", "transformer.py",
+                  "compat.py", "kernels.py", "masks.py", "measure.py", "packing.py", "validation.py")
     assert all((directory / name).is_file() for name in code_files)  # the modeling file's relative imports travel
     auto_map = json.loads((directory / "config.json").read_text())["auto_map"]
     assert auto_map["AutoConfig"] == "configuration_vanilla.VanillaEncoderConfig"
-    assert auto_map["AutoModel"] == "modeling_vanilla.VanillaEncoderModel"
-    assert auto_map["AutoModelForMaskedLM"] == "modeling_vanilla.VanillaEncoderForMaskedLM"
-    assert auto_map["AutoModelForSequenceClassification"] == "modeling_vanilla.VanillaEncoderForSequenceClassification"
+    assert auto_map["AutoModel"] == "modeling_encoder.VanillaEncoderModel"
+    assert auto_map["AutoModelForMaskedLM"] == "modeling_encoder.VanillaEncoderForMaskedLM"
+    assert auto_map["AutoModelForSequenceClassification"] == "modeling_encoder.VanillaEncoderForSequenceClassification"
 
 
 def test_remote_code_pipeline_matches_bert(remote_results):

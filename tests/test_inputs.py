@@ -20,8 +20,8 @@ import torch
 from numerics import assert_close
 
 import hf_vanilla.transformer as transformer_module
+from hf_vanilla.losses import shift_tokens_right
 from hf_vanilla.masks import additive_mask
-from hf_vanilla.modeling_vanilla import shift_tokens_right
 from hf_vanilla import (
     VanillaEncoderConfig,
     VanillaEncoderForMaskedLM,
@@ -653,7 +653,7 @@ def test_a_legacy_tuple_cache_is_refused_naming_the_cache_that_takes_it():
     from transformers import DynamicCache, EncoderDecoderCache
 
     from hf_vanilla.compat import CACHE_FIELD
-    from hf_vanilla.modeling_vanilla import VanillaDecoderForCausalLM
+    from hf_vanilla.modeling_decoder import VanillaDecoderForCausalLM
 
     generator = seq2seq()
     decoder = VanillaDecoderForCausalLM(generator.config).eval()

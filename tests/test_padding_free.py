@@ -28,7 +28,7 @@ from hf_vanilla import (
 )
 from hf_vanilla.conversion.formats import bart
 from hf_vanilla.conversion.formats.bert import bert_to_vanilla
-from hf_vanilla.modeling_vanilla import shift_tokens_right
+from hf_vanilla.losses import shift_tokens_right
 
 pytestmark = pytest.mark.numerics
 ATTENTION = ["sdpa", "eager", "flex_attention"]

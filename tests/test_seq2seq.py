@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla import VanillaSeq2SeqConfig, VanillaSeq2SeqForConditionalGeneration
-from hf_vanilla.modeling_vanilla import shift_tokens_right
+from hf_vanilla.losses import shift_tokens_right
 from hf_vanilla.transformer import sinusoidal_position_table
 
 PAD, BOS, EOS = 0, 1, 2  # BOS is also the decoder start token

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .. import modeling_vanilla
+from ..auto_classes import MODEL_CLASSES
 from ..export import EncoderGraph, export_decoder_step, export_encoder, past_names
 from ..heads import export_tasks
 from .errors import ConversionError
@@ -98,7 +98,7 @@ def verify_encoder(model, path: Path, input_names: list[str], output_names: tupl
     for name, ref, out in zip(output_names, reference, outputs, strict=True):
         if tuple(out.shape) != tuple(ref.shape):
             raise ConversionError(f"ONNX output {name} has shape {tuple(out.shape)}, PyTorch {tuple(ref.shape)}.")
-        within, diff = check(f"{name} {tuple(out.shape)}", ref, out, batch["attention_mask"], torch.float32)
+        within, diff = check(f"{name} {tuple(out.shape)}", ref, out, mask=batch["attention_mask"], dtype=torch.float32)
         ok, worst = ok and within, worse(worst, diff)
     require_parity(ok, _summary(worst, "padded batch"))
 
@@ -117,7 +117,7 @@ def verify_seq2seq(model, encoder_path: Path, decoder_path: Path, input_names: l
         reference_logits = model(**batch, decoder_input_ids=targets, use_cache=False).logits  # (B, steps, V)
     (states,) = _run(_session(encoder_path), batch)
     encoder_ok, encoder_diff = check(f"encoder last_hidden_state {tuple(states.shape)}", reference_states, states,
-                                     batch["attention_mask"], torch.float32)
+                                     mask=batch["attention_mask"], dtype=torch.float32)
 
     decoder = _session(decoder_path)
     heads, width = config.decoder_attention_heads, config.hidden_size
@@ -131,7 +131,7 @@ def verify_seq2seq(model, encoder_path: Path, decoder_path: Path, input_names: l
         past = dict(zip(names, present))
     # Every target token is real: no mask.
     logits_ok, logits_diff = check(f"decoder logits over {steps} cached steps", reference_logits,
-                                   torch.cat(step_logits, dim=1), None, torch.float32)
+                                   torch.cat(step_logits, dim=1), mask=None, dtype=torch.float32)
     require_parity(encoder_ok and logits_ok, _summary(max(encoder_diff, logits_diff), "padded batch, cached steps"))
 
 
@@ -164,7 +164,7 @@ def load_model(source_dir: Path, task: str):
     # The weights are read by the converters' loader (damaged files, NaN weights and unsafe pickles are clear errors
     # there), then placed by transformers' own loader, which takes them with the config instead of a path.
     config = transformers.AutoConfig.from_pretrained(source_dir)
-    model_class = getattr(modeling_vanilla, next(name for name, t in ARCHITECTURE_TASKS.items() if t == task))
+    model_class = MODEL_CLASSES[next(name for name, t in ARCHITECTURE_TASKS.items() if t == task)]
     options = {}
     generation = read_generation_config(source_dir, config.vocab_size)
     if generation is not None:

@@ -10,8 +10,8 @@ so the round trip returns every tensor bit for bit. `FORMAT` below is the data; 
 import torch
 
 from ...configuration_vanilla import VanillaSeq2SeqConfig
-from ...modeling_vanilla import (
-    VanillaDecoderForCausalLM,
+from ...modeling_decoder import VanillaDecoderForCausalLM
+from ...modeling_seq2seq import (
     VanillaSeq2SeqForConditionalGeneration,
     VanillaSeq2SeqForQuestionAnswering,
     VanillaSeq2SeqForSequenceClassification,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ...configuration_vanilla import VanillaSeq2SeqConfig
-from ...modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
+from ...modeling_seq2seq import VanillaSeq2SeqForConditionalGeneration
 from ..building import map_and_build
 from ..errors import ConversionError
 from ..io.reading import load_tensors
@@ -135,7 +135,8 @@ def bert2bert_tensors_to_vanilla(tensors: dict, config: VanillaSeq2SeqConfig, ti
 
     normalised = joined({"encoder": encoder, "decoder": decoder})
     normalised.update((key, tensors[key]) for key in others)  # none maps: each is refused by name
-    return map_and_build(VanillaSeq2SeqForConditionalGeneration, config, normalised, joined(tables), joined(dropped))
+    return map_and_build(VanillaSeq2SeqForConditionalGeneration, config, normalised, table=joined(tables),
+                         dropped=joined(dropped))
 
 
 # ---- bert2bert ----------------------------------------------------------------------------------------------------
@@ -193,7 +194,7 @@ class Bert2Bert:
             print(f"tie_encoder_decoder: the decoder shares the encoder's weights; copied {len(filled)} tensors into "
                   f"it.")
         vanilla = bert_seq2seq_config(config["encoder"], config["decoder"], ids["decoder_start_token_id"],
-                                      ids["eos_token_id"], ids["bos_token_id"],
+                                      eos_token_id=ids["eos_token_id"], bos_token_id=ids["bos_token_id"],
                                       # One shared matrix needs the output tied too; else equal copies serve as well.
                                       share_embeddings=tie_encoder_decoder
                                       and config["decoder"].get("tie_word_embeddings", True))
@@ -334,7 +335,8 @@ class WarmStart:
         decoder_config = encoder_config | {"is_decoder": True, "add_cross_attention": True}
         pad = bert_config.get("pad_token_id", 0)
         # The sizes are checked before any fresh tensor is made for them.
-        config = bert_seq2seq_config(encoder_config, decoder_config, start, eos, start, share_embeddings=False)
+        config = bert_seq2seq_config(encoder_config, decoder_config, start, eos_token_id=eos, bos_token_id=start,
+                                     share_embeddings=False)
         check_layer_counts(normalise_keys(bert_tensors, "bert."), [(BERT_LAYERS, "num_hidden_layers",
                                                                     config.num_hidden_layers)],
                            f"{source_dir}/config.json")
@@ -356,8 +358,9 @@ class WarmStart:
 
     @staticmethod
     def verify(source: WarmStartSource, model) -> tuple[bool, str]:
-        return verify_warm_start(source.directory, source.bert_tensors, model, source.tensors,
-                                 source.encoder_config, source.decoder_config, source.ids)
+        return verify_warm_start(source.directory, source.bert_tensors, model, tensors=source.tensors,
+                                 encoder_config=source.encoder_config, decoder_config=source.decoder_config,
+                                 ids=source.ids)
 
     @staticmethod
     def side_files(source: WarmStartSource, directory: Path) -> None:
@@ -385,7 +388,7 @@ def verify_warm_start(source_dir: Path, bert_tensors: dict, model, tensors: dict
     with torch.no_grad():
         expected = bert(**batch, output_hidden_states=True).hidden_states
         ours = model.model.encoder(**batch, output_hidden_states=True).hidden_states
-    encoder_ok, diff = check("encoder", expected, ours, batch["attention_mask"], model.dtype)
+    encoder_ok, diff = check("encoder", expected, ours, mask=batch["attention_mask"], dtype=model.dtype)
     del bert
 
     print("Verifying the whole model against transformers' bert2bert with the same weights:")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ... import modeling_vanilla
+from ... import modeling_encoder
 from ...configuration_vanilla import VanillaEncoderConfig
 from ...heads import class_for_head, converter_heads
 from ..building import map_and_build
@@ -51,14 +51,14 @@ def compare(reference, model) -> tuple[bool, str]:
     with torch.no_grad():
         ref_out = reference(**batch, output_hidden_states=True)
         our_out = model(**batch, output_hidden_states=True)
-    ok, worst = check("hidden states", ref_out.hidden_states, our_out.hidden_states, mask, model.dtype)
+    ok, worst = check("hidden states", ref_out.hidden_states, our_out.hidden_states, mask=mask, dtype=model.dtype)
     summary = [f"hidden states (every layer) {worst:.1e}"]
     for name in ("pooler_output", "logits", "prediction_logits", "seq_relationship_logits", "start_logits",
                  "end_logits"):
         ref, ours = getattr(ref_out, name, None), getattr(our_out, name, None)
         if ref is None or ours is None:  # a base model without a pooler, or an output this head has not
             continue
-        within, diff = check(name, ref, ours, mask, model.dtype)
+        within, diff = check(name, ref, ours, mask=mask, dtype=model.dtype)
         ok = ok and within
         summary.append(f"{name} {diff:.1e}")
     return ok, (f"max |diff| against {type(reference).__name__}: " + ", ".join(summary) +
@@ -183,7 +183,7 @@ class EncoderFormat:
     @staticmethod
     def model_class(head: str) -> type:
         """The vanilla class that `head` converts to, as hf_vanilla/heads.py declares it."""
-        return getattr(modeling_vanilla, class_for_head(head))
+        return getattr(modeling_encoder, class_for_head(head))
 
     @staticmethod
     def class_prefix(model_type: str) -> str:
@@ -299,8 +299,8 @@ class EncoderFormat:
         if spec.causal:
             config.is_decoder = True
         model_class = self.model_class(head)
-        model = map_and_build(model_class, config, normalised, self.key_table(config.num_hidden_layers, head),
-                              self.dropped_keys(head), checkpoint_names=checkpoint_names)
+        model = map_and_build(model_class, config, normalised, table=self.key_table(config.num_hidden_layers, head),
+                              dropped=self.dropped_keys(head), checkpoint_names=checkpoint_names)
         model.config.architectures = [model_class.__name__]
         return model
 
@@ -397,7 +397,7 @@ class EncoderFormat:
         build_class = source_class
         if "add_pooling_layer" in inspect.signature(source_class.__init__).parameters:
             build_class = partial(source_class, add_pooling_layer=config.use_pooler)
-        return map_and_build(build_class, target_config, ours, inverse, dropped)
+        return map_and_build(build_class, target_config, ours, table=inverse, dropped=dropped)
 
     @staticmethod
     def compare_written(vanilla, written, head: str) -> tuple[bool, str]:

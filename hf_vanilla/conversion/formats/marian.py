@@ -10,7 +10,7 @@ do (fairseq.py holds that table).
 """
 
 from ...configuration_vanilla import VanillaSeq2SeqConfig
-from ...modeling_vanilla import VanillaSeq2SeqForConditionalGeneration
+from ...modeling_seq2seq import VanillaSeq2SeqForConditionalGeneration
 from ..errors import ConversionError
 from .fairseq import fairseq_config, fairseq_embeddings, fairseq_fields, fairseq_layers, fairseq_required
 from .seq2seq import Seq2SeqFormat, Seq2SeqHead

@@ -4,11 +4,13 @@ files, the source's tokenizer and side files copied next to it, and a model card
 parity summary.
 """
 
+import inspect
 import json
 import shutil
 from pathlib import Path
 
 import torch
+from transformers.dynamic_module_utils import get_relative_import_files
 
 from ...auto_classes import AUTO_CLASSES
 from ..errors import ConversionError
@@ -44,17 +46,30 @@ def save_checkpoint(model, directory: Path) -> None:
     """Save weights (safetensors, in the model's dtype: `cast_for_saving`), config with a full `auto_map`, and our
     code files for `trust_remote_code`. The source's side files follow (`copy_side_files`)."""
     config_class = type(model.config)
+    carried = carried_modules(type(model))
     auto_map = {"AutoConfig": f"configuration_vanilla.{config_class.__name__}"}
     for auto_class, model_class in AUTO_CLASSES[config_class].items():
-        auto_map[auto_class.__name__] = f"modeling_vanilla.{model_class.__name__}"
+        module = model_class.__module__.rpartition(".")[2]
+        if module in carried:
+            auto_map[auto_class.__name__] = f"{module}.{model_class.__name__}"
     # `import hf_vanilla` registered every class for its Auto class, so save_pretrained copies configuration_vanilla.py
-    # and modeling_vanilla.py next to the weights; it records only the saved class, so the full map (every task
-    # class) is set afterwards.
+    # and the model's module (with their relative imports) next to the weights; it records only the saved class, so
+    # the full map (every task class whose module travels) is set afterwards.
     model.save_pretrained(directory)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def carried_modules(model_class: type) -> set[str]:
+    """The names of the code files `save_pretrained` copies next to `model_class`'s weights: its module and the
+    modules it imports relatively (transformers' `custom_object_save`). `auto_map` names only classes defined in
+    them: a checkpoint re-saved by `save_pretrained` keeps the map it was loaded with and copies these files alone,
+    so a class of another family's module (the decoder alone, beside the encoder-decoder) would name a file the
+    folder lacks."""
+    module_file = inspect.getfile(model_class)
+    return {Path(name).stem for name in (module_file, *get_relative_import_files(module_file))}
 
 
 def copy_side_files(source_dir: Path, directory: Path, names=TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES,
