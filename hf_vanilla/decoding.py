@@ -58,7 +58,8 @@ class VanillaGenerationMixin(GenerationMixin):
             return super().generate(*args, **kwargs)
 
         def decode(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
-            run = plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+            run = plan(self, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                       config=generation_config, model_kwargs=model_kwargs)
             if run is not None:
                 return beam_search(run) if run.beams > 1 else greedy_search(run)
             loop = ordinary_decoding(self, generation_config)
@@ -119,9 +120,8 @@ class Run:
         return done if self.eos is None else done | torch.isin(input_ids[:, -1], self.eos)
 
 
-def plan(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+def plan(model, input_ids, *, logits_processor, stopping_criteria, config, model_kwargs):
     """A `Run` for this request, or None where this module does not cover it (the module docstring)."""
-    config = generation_config
     if (config.get_generation_mode() not in MODES or config.return_dict_in_generate or not config.use_cache
             or any(getattr(config, name, None) for name in ("cache_implementation", "prefill_chunk_size",
                                                             "compile_config", "token_healing"))):
@@ -140,8 +140,8 @@ def plan(model, input_ids, logits_processor, stopping_criteria, generation_confi
             or input_ids.device != model.device):  # transformers moves inputs kept elsewhere at every step
         return None
     copies = max(config.num_beams, config.num_return_sequences)  # rows per source (transformers' expansion)
-    decoder = CachedDecoder.for_request(model, stack, input_ids, max_length, model_kwargs, group=config.num_beams,
-                                        copies=copies)
+    decoder = CachedDecoder.for_request(model, stack, input_ids, length=max_length, model_kwargs=model_kwargs,
+                                        group=config.num_beams, copies=copies)
     if decoder is None or decoder.cache is None:
         return None
     pad = config.pad_token_id if config.pad_token_id is not None or eos is None else int(eos[0])
@@ -276,7 +276,7 @@ class CachedDecoder:
                                               token_type_ids=types)  # (R, T, E)
         mask = self._self_mask(start, end)
         for i, layer in enumerate(self.layers):
-            hidden_states = self._self_attention(layer, hidden_states, i, start, mask)
+            hidden_states = self._self_attention(layer, hidden_states, i, start=start, mask=mask)
             if self.cross is not None:
                 hidden_states = self._cross_attention(layer, hidden_states, i)
             if layer.pre_norm:
@@ -301,7 +301,7 @@ class CachedDecoder:
             allowed = allowed & self.valid[:, None, None, :end, None]
         return additive_mask(allowed.view(self.groups, 1, G * T, end * G), self.dtype)
 
-    def _self_attention(self, layer, hidden_states, i, start, mask):
+    def _self_attention(self, layer, hidden_states, i, *, start, mask):
         """Masked self-attention's sub-layer (section 3.2.3) over the cache, with its residual and norm."""
         attention, norm = layer.self_attn, layer.self_attn_norm
         x = norm(hidden_states) if layer.pre_norm else hidden_states
@@ -311,8 +311,8 @@ class CachedDecoder:
             new = projection(x).view(self.groups, G, T, H, D).permute(0, 3, 2, 1, 4)  # (groups, H, T, G, D)
             slots.narrow(2, start, T).copy_(new)
         query = attention.q_proj(x).view(self.groups, G * T, H, D).transpose(1, 2)  # (groups, H, G * T, D)
-        context, _ = eager_attention_forward(attention, query, self.keys[i].narrow(2, 0, end * G),
-                                             self.values[i].narrow(2, 0, end * G), mask, scaling=attention.scaling)
+        key, value = self.keys[i].narrow(2, 0, end * G), self.values[i].narrow(2, 0, end * G)
+        context, _ = eager_attention_forward(attention, query, key, value, attention_mask=mask, scaling=attention.scaling)
         output = attention.o_proj(context.reshape(R, T, E))  # (groups, G * T, H, D) -> (R, T, E)
         return hidden_states + output if layer.pre_norm else norm(hidden_states + output)
 
@@ -324,7 +324,7 @@ class CachedDecoder:
         R, T, E = x.shape
         query = attention.q_proj(x).view(self.sources, self.copies * T, self.heads, self.head_dim).transpose(1, 2)
         key, value = self.cross[i]
-        context, _ = eager_attention_forward(attention, query, key, value, self.memory_mask,
+        context, _ = eager_attention_forward(attention, query, key, value, attention_mask=self.memory_mask,
                                              scaling=attention.scaling)  # (B, copies * T, H, D)
         output = attention.o_proj(context.reshape(R, T, E))
         return hidden_states + output if layer.pre_norm else norm(hidden_states + output)
@@ -393,7 +393,7 @@ class Beams:
 def beam_search(run):
     """transformers' `_beam_search` without sampling, step for step (the same scores, top-k and order)."""
     rows, prompt = run.input_ids.shape
-    B, K = rows // run.beams, run.beams
+    B = rows // run.beams
     beams, length = Beams(run, B), prompt
     logits = run.decoder.step(run.input_ids, 0)
     while True:
@@ -406,8 +406,9 @@ def beam_search(run):
         candidate_indices = _gather(beams.running_indices, origin)
         candidate_indices[:, :, length - prompt] = origin + beams.offsets
         hits = run.stops(candidates.view(B * beams.keep, -1)[:, :length + 1]).view(B, beams.keep)
-        _keep_running(beams, top_scores, candidates, candidate_indices, hits, K)
-        _keep_finished(run, beams, top_scores, candidates, candidate_indices, hits, length + 1 - prompt)
+        _keep_running(beams, top_scores, candidates, candidate_indices=candidate_indices, hits=hits)
+        _keep_finished(run, beams, top_scores, candidates=candidates, candidate_indices=candidate_indices, hits=hits,
+                       generated=length + 1 - prompt)
         run.decoder.reorder(beams.running_indices[..., length - prompt].reshape(-1), length)
         length += 1
         if not _continues(run, beams, hits, length - prompt):
@@ -459,15 +460,15 @@ def _gather(tensor, indices):
     return torch.take_along_dim(tensor, indices.view(*indices.shape, *[1] * (tensor.dim() - 2)), dim=1)
 
 
-def _keep_running(beams, top_scores, candidates, candidate_indices, hits, K):
+def _keep_running(beams, top_scores, candidates, *, candidate_indices, hits):
     """The K best candidates that did not finish continue (transformers' `_get_running_beams_for_next_iteration`)."""
     scores = top_scores + hits.to(torch.float32) * -1.0e9
-    best = torch.topk(scores, k=K)[1]
+    best = torch.topk(scores, k=beams.running.shape[1])[1]  # K of them: (B, K)
     beams.running, beams.running_scores = _gather(candidates, best), _gather(scores, best)
     beams.running_indices = _gather(candidate_indices, best)
 
 
-def _keep_finished(run, beams, top_scores, candidates, candidate_indices, hits, generated):
+def _keep_finished(run, beams, top_scores, *, candidates, candidate_indices, hits, generated):
     """Candidates among the top K that finished join the finished beams where they score higher
     (transformers' `_update_finished_beams`)."""
     just_finished = hits & beams.top[None, :]

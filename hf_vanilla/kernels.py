@@ -45,6 +45,7 @@ import contextlib
 import os
 import platform
 import threading
+from functools import partial
 
 import torch
 from torch import nn
@@ -129,9 +130,9 @@ def _measure(key, x, weight, bias, layer):
     if not turn:
         return nn.functional.linear(x, weight, bias)
     if CHOICE.turn(key, turn) == "onednn":
-        CHOICE.time(key, "onednn", _onednn_linear, x, weight, bias)
+        CHOICE.time(key, "onednn", partial(_onednn_linear, x, weight, bias))
         return nn.functional.linear(x, weight, bias)
-    return CHOICE.time(key, "blas", nn.functional.linear, x, weight, bias)
+    return CHOICE.time(key, "blas", partial(nn.functional.linear, x, weight, bias))
 
 
 class VanillaLinear(nn.Linear):
@@ -175,7 +176,7 @@ class VanillaLinear(nn.Linear):
             if onednn is None:
                 if getattr(_PAUSED, "paused", False):
                     return nn.functional.linear(x, weight, bias)
-                return _measure(key, x, weight, bias, self)
+                return _measure(key, x, weight, bias=bias, layer=self)
             if onednn:
                 return _onednn_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)

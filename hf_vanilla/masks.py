@@ -118,7 +118,8 @@ def sequence_causal_mask(length: int, dtype, device, implementation: str):
         from torch.nn.attention.flex_attention import create_block_mask
 
         return create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device=device)
-    return self_attention_mask(None, length, 0, length, True, dtype, device)
+    return self_attention_mask(None, query_length=length, past_length=0, key_length=length, causal=True, dtype=dtype,
+                               device=device)
 
 
 def given_mask(mask, dtype, sdpa: bool = False):

@@ -92,10 +92,10 @@ class MeasuredChoice:
                 return trials.last
             return needs[0] if needs else min(self.candidates, key=lambda name: len(trials.counted[name]))
 
-    def time(self, key, candidate: str, run, *args):
-        """`run(*args)`, timed as one call of `candidate` for `key`; returns what it returns."""
+    def time(self, key, candidate: str, run):
+        """`run()`, timed as one call of `candidate` for `key`; returns what it returns."""
         start = clock()
-        result = run(*args)
+        result = run()
         self.record(key, candidate, clock() - start)
         return result
 

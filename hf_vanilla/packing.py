@@ -353,7 +353,8 @@ def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, k
     on its fused CPU kernels (3-D ones fall back to plain math)."""
     N, H, D = query.shape
     if one_kernel_call(module, query, seq_lens, dropout):
-        context = attention_in_one_call(query, key, value, seq_lens, key_lens, causal, scaling)
+        context = attention_in_one_call(query, key, value, seq_lens=seq_lens, key_lens=key_lens, causal=causal,
+                                        scaling=scaling)
         if context is not None:
             return context.reshape(N, H * D)  # (N, H, D) -> (N, E)
     contexts, start, key_start = [], 0, 0
@@ -383,14 +384,14 @@ def one_kernel_call(module, query, seq_lens, dropout) -> bool:
             and torch.cuda.get_device_capability(query.device) >= (8, 0))
 
 
-def attention_in_one_call(query, key, value, seq_lens, key_lens, causal, scaling):
+def attention_in_one_call(query, key, value, *, seq_lens, key_lens, causal, scaling):
     """Attention of every packed sequence in one call: query (N, H, D), key, value (M, H, D) -> (N, H, D), or None
     where the installed torch has no varlen attention (compat.varlen_attention)."""
     def cumulative(lengths):  # (count + 1,): where each sequence starts, then the total
         return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=query.device)
 
-    return varlen_attention(query, key, value, cumulative(seq_lens), cumulative(key_lens), max(seq_lens),
-                            max(key_lens), causal, scaling)
+    return varlen_attention(query, key, value, cu_seq_q=cumulative(seq_lens), cu_seq_k=cumulative(key_lens),
+                            max_q=max(seq_lens), max_k=max(key_lens), causal=causal, scale=scaling)
 
 
 __all__ = ["FORMAT_KEYWORDS", "BatchPlan", "PackedBatch", "attend_within_sequences", "batch_sequences", "can_pack",

@@ -154,7 +154,7 @@ class _Int8Weighted(nn.Module):
         return super().__getattr__(name)
 
     @staticmethod
-    def _load_weight(matrix: "Int8Linear", state_dict, prefix, strict, missing_keys, error_msgs) -> str:
+    def _load_weight(matrix: "Int8Linear", state_dict, prefix, *, strict, missing_keys, error_msgs) -> str:
         """Quantize `state_dict[prefix + "weight"]` into `matrix`, reporting a refused weight in `error_msgs` and,
         under `strict`, a missing one in `missing_keys`, as nn.Module's loading reports its own. Returns the key."""
         name = prefix + "weight"
@@ -257,9 +257,11 @@ class Int8Linear(_Int8Weighted):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        name = self._load_weight(self, state_dict, prefix, strict, missing_keys, error_msgs)
+        name = self._load_weight(self, state_dict, prefix, strict=strict, missing_keys=missing_keys,
+                                 error_msgs=error_msgs)
         own = {key: value for key, value in state_dict.items() if key.startswith(prefix) and key != name}
-        super()._load_from_state_dict(own, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        super()._load_from_state_dict(own, prefix, local_metadata=local_metadata, strict=strict,
+                                      missing_keys=missing_keys, unexpected_keys=unexpected_keys, error_msgs=error_msgs)
 
     def forward(self, x):
         bias = self.bias
@@ -316,7 +318,8 @@ class Int8Embedding(_Int8Weighted):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        self._load_weight(self.projection, state_dict, prefix, strict, missing_keys, error_msgs)
+        self._load_weight(self.projection, state_dict, prefix, strict=strict, missing_keys=missing_keys,
+                          error_msgs=error_msgs)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows of the tied output projection"

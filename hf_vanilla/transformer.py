@@ -18,7 +18,8 @@ transformers builds them). It is converted once, at the stack's boundary, into a
 
 Where BERT departs from the paper (GELU, learned positions, segment embeddings, LayerNorm on the embeddings,
 epsilon 1e-12, a pooler), the config switches it; the comments say why. This file holds the ideas and nothing else:
-the Hugging Face models built on them are in `modeling_vanilla.py`, and the machinery beside it, one call each:
+the Hugging Face models built on them are in `modeling_vanilla.py` (their base) and one module per family
+(`modeling_encoder.py`, `modeling_seq2seq.py`, `modeling_decoder.py`), and the machinery beside it, one call each:
 `masks.py` (every mask), `kernels.py` (which matmul kernel runs a projection), `packing.py` (the batch's plan, and
 padded batches run without their padding), `validation.py` (bad input refused before any kernel runs) and
 `compat.py` (what differs between transformers versions).
@@ -206,8 +207,9 @@ class VanillaAttention(nn.Module):
             source = hidden_states if key_value_states is None else key_value_states
             query = self.q_proj(hidden_states).view(-1, H, D)  # (N, H, D)
             key, value = (proj(source).view(-1, H, D) for proj in (self.k_proj, self.v_proj))  # (M, H, D)
-            context = attend_within_sequences(attention_fn, self, query, key, value, seq_lens,
-                                              key_seq_lens or seq_lens, self.is_causal, dropout, self.scaling)
+            context = attend_within_sequences(attention_fn, self, query=query, key=key, value=value, seq_lens=seq_lens,
+                                              key_lens=key_seq_lens or seq_lens, causal=self.is_causal,
+                                              dropout=dropout, scaling=self.scaling)
             return self.o_proj(context), None  # (N, E)
 
         B, T, E = hidden_states.shape
@@ -285,7 +287,8 @@ class VanillaEncoderLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, attention_mask=None, seq_lens=None, output_attentions=False):
-        hidden_states, weights = self._self_attn_block(hidden_states, attention_mask, None, seq_lens, output_attentions)
+        hidden_states, weights = self._self_attn_block(hidden_states, attention_mask, past_key_values=None,
+                                                       seq_lens=seq_lens, output_attentions=output_attentions)
         return self._ffn_block(hidden_states), weights
 
     def _residual(self, residual, sublayer_output, norm):
@@ -298,7 +301,7 @@ class VanillaEncoderLayer(GradientCheckpointingLayer):
     def _sublayer_input(self, hidden_states, norm):
         return norm(hidden_states) if self.pre_norm else hidden_states
 
-    def _self_attn_block(self, hidden_states, attention_mask, past_key_values, seq_lens, output_attentions):
+    def _self_attn_block(self, hidden_states, attention_mask, past_key_values, *, seq_lens, output_attentions):
         attn_input = self._sublayer_input(hidden_states, self.self_attn_norm)
         output, weights = self.self_attn(attn_input, attention_mask=attention_mask, past_key_values=past_key_values,
                                          seq_lens=seq_lens, output_attentions=output_attentions)
@@ -331,8 +334,8 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
         wrapper drops (a recomputed forward would write it twice): `cache` since transformers 5.24,
         `past_key_values` before."""
         past_key_values = cache.get(CACHE_FIELD)
-        hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values, seq_lens,
-                                                            output_attentions)
+        hidden_states, self_weights = self._self_attn_block(hidden_states, attention_mask, past_key_values,
+                                                            seq_lens=seq_lens, output_attentions=output_attentions)
         cross_weights = None
         if encoder_hidden_states is not None:
             attn_input = self._sublayer_input(hidden_states, self.cross_attn_norm)
@@ -408,7 +411,7 @@ class VanillaStack(nn.Module):
                           cached=past_key_values is not None, output_attentions=output_attentions,
                           outputs_at_padding=outputs_at_padding, encoder_hidden_states=encoder_hidden_states,
                           encoder_attention_mask=encoder_attention_mask, encoder_position_ids=encoder_position_ids)
-        hidden_states = self._embed(plan, input_ids, token_type_ids, inputs_embeds, attention_mask)
+        hidden_states = self._embed(plan, input_ids, token_type_ids, inputs_embeds, attention_mask=attention_mask)
         sdpa = not output_attentions and config._attn_implementation == "sdpa"  # the kernel the masks are made for
         mask, cross_mask = padded_path_masks(plan, attention_mask, encoder_attention_mask, past_length=past_length,
                                              cache=cache, causal=self.is_decoder, like=hidden_states, sdpa=sdpa)
@@ -446,11 +449,13 @@ class VanillaStack(nn.Module):
         padding-free path runs (packing.can_pack), where the tokens of each sequence (and of its source) sit."""
         shape = tuple(tokens.shape[:2])
         sequences, encoder_sequences = batch_sequences(
-            shape, position_ids, attention_mask, packed_format, past_length, encoder_hidden_states,
-            encoder_position_ids, encoder_attention_mask)
-        plan = BatchPlan(shape, self._positions(position_ids, sequences, past_length, shape, tokens.device),
-                         sequences, encoder_sequences)
-        if not (can_pack(attention_mask, sequences, output_attentions, cached, outputs_at_padding)
+            shape, position_ids, attention_mask, packed_format=packed_format, past_length=past_length,
+            encoder_hidden_states=encoder_hidden_states, encoder_position_ids=encoder_position_ids,
+            encoder_attention_mask=encoder_attention_mask)
+        positions = self._positions(position_ids, sequences, past_length, shape=shape, device=tokens.device)
+        plan = BatchPlan(shape, positions, sequences, encoder_sequences)
+        if not (can_pack(attention_mask, sequences, output_attentions, cached=cached,
+                         outputs_at_padding=outputs_at_padding)
                 and (encoder_hidden_states is None or can_pack_source(encoder_attention_mask))):
             return plan
         packed = PackedBatch(shape, attention_mask if sequences is None else None, sequences)
@@ -459,7 +464,7 @@ class VanillaStack(nn.Module):
         plan.packed, plan.source = neighbours(packed, source)
         return plan
 
-    def _positions(self, position_ids, sequences, past_length, shape, device):
+    def _positions(self, position_ids, sequences, past_length, *, shape, device):
         """Each token's row in the position table, (B, T). Without `position_ids`, tokens count from the cache's
         length, or packed sequences from their own start (the table's `position_offset` first). Explicit ones are
         counted from 0 or are the table's rows, by the stack (validation.positions_counted_from_zero)."""

@@ -73,12 +73,13 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
         if tensor is not None and tensor.is_meta:
             raise ValueError(f"{name} is on the meta device, which holds shapes but no values: pass a tensor "
                              f"with its values (e.g. on the model's device, {name}.to(model.device) from real data).")
-    shape = _tokens_shape(config, ids_name, input_ids, embeds_name, inputs_embeds, dtype)
-    check_mask_shape(mask_name, attention_mask, shape, past_length, cache, ids_name)
+    shape = _tokens_shape(config, ids_name, input_ids, embeds_name=embeds_name, inputs_embeds=inputs_embeds,
+                          dtype=dtype)
+    check_mask_shape(mask_name, attention_mask, shape, past_length=past_length, cache=cache, ids_name=ids_name)
     for name, ids in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
         _check_per_token_ids(name, ids, ids_name, shape)
     if encoder_hidden_states is not None:
-        _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask, ids_name, shape)
+        _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask, ids_name=ids_name, shape=shape)
     if is_tracing():
         return
     check_mask_values(mask_name, attention_mask)
@@ -87,7 +88,8 @@ def check_inputs(config, *, is_decoder, input_ids, inputs_embeds, token_type_ids
     if position_ids is None and packed_format:
         sequences = sequence_ids(shape, None, attention_mask, packed_format)  # None for an ordinary batch
         length = length if sequences is None else int(positions_within(sequences).max()) + 1  # the longest
-    _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, position_ids, length)
+    _check_id_values(config, is_decoder, ids_name, input_ids=input_ids, token_type_ids=token_type_ids,
+                     position_ids=position_ids, total_length=length)
 
 
 def positions_counted_from_zero(config, is_decoder) -> bool:
@@ -98,7 +100,7 @@ def positions_counted_from_zero(config, is_decoder) -> bool:
     return is_decoder or getattr(config, "is_encoder_decoder", False)
 
 
-def _tokens_shape(config, ids_name, input_ids, embeds_name, inputs_embeds, dtype) -> tuple[int, int]:
+def _tokens_shape(config, ids_name, input_ids, *, embeds_name, inputs_embeds, dtype) -> tuple[int, int]:
     """(batch, length) of the ids or embeddings given, once they are (B, T) integers or (B, T, embedding_size)
     vectors of the weights' dtype, and not empty."""
     if input_ids is not None:
@@ -136,7 +138,7 @@ def _check_per_token_ids(name, ids, ids_name, shape) -> None:
         )
 
 
-def _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask, ids_name, shape) -> None:
+def _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask, *, ids_name, shape) -> None:
     """What cross-attention reads: (B, S, hidden_size) from this model's encoder, one row per target row, and the
     source mask that came with it."""
     source_shape = tuple(encoder_hidden_states.shape[:2])
@@ -172,14 +174,14 @@ def _check_encoder_output(config, encoder_hidden_states, encoder_attention_mask,
         )
 
 
-def _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, position_ids, total_length) -> None:
+def _check_id_values(config, is_decoder, ids_name, *, input_ids, token_type_ids, position_ids, total_length) -> None:
     """Token, segment and position ids inside their tables, and a sequence (`total_length`: cache included) the
     position table covers."""
-    _check_range(ids_name, input_ids, config.vocab_size, "vocab_size",
-                 "use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
+    _check_range(ids_name, input_ids, config.vocab_size, limit_name="vocab_size",
+                 fix="use the tokenizer saved with this checkpoint (after adding tokens, call resize_token_embeddings)")
     if config.type_vocab_size > 0:
-        _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
-                     "segment ids count sentences (BERT: 0 for the first, 1 for the second)")
+        _check_range("token_type_ids", token_type_ids, config.type_vocab_size, limit_name="type_vocab_size",
+                     fix="segment ids count sentences (BERT: 0 for the first, 1 for the second)")
     elif token_type_ids is not None and not is_decoder and token_type_ids.any():
         raise ValueError("This model has no token types (type_vocab_size=0); drop token_type_ids.")
     max_length = config.max_position_embeddings - config.position_offset
@@ -193,11 +195,11 @@ def _check_id_values(config, is_decoder, ids_name, input_ids, token_type_ids, po
             f"max_length={max_length}){fix}."
         )
     if positions_counted_from_zero(config, is_decoder) and config.position_offset:  # the offset is added inside
-        _check_range("position_ids", position_ids, max_length, "max_position_embeddings - position_offset",
-                     "pass positions counted from 0 below that, or truncate the input")
+        _check_range("position_ids", position_ids, max_length, limit_name="max_position_embeddings - position_offset",
+                     fix="pass positions counted from 0 below that, or truncate the input")
     else:
-        _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
-                     "pass positions below the table's length, or truncate the input")
+        _check_range("position_ids", position_ids, config.max_position_embeddings, limit_name="max_position_embeddings",
+                     fix="pass positions below the table's length, or truncate the input")
 
 
 def self_attention_cache(past_key_values):
@@ -291,8 +293,8 @@ def check_labels(labels, num_classes, limit_name):
     if labels is None or is_tracing():
         return
     _check_integer("labels", labels)
-    _check_range("labels", labels.masked_fill(labels == IGNORE_INDEX, 0), num_classes, limit_name,
-                 f"labels are class ids, with {IGNORE_INDEX} where no label applies")
+    _check_range("labels", labels.masked_fill(labels == IGNORE_INDEX, 0), num_classes, limit_name=limit_name,
+                 fix=f"labels are class ids, with {IGNORE_INDEX} where no label applies")
 
 
 def check_sequence_labels(config, labels):
@@ -316,7 +318,7 @@ def _check_integer(name, ids):
         )
 
 
-def _check_range(name, ids, limit, limit_name, fix):
+def _check_range(name, ids, limit, *, limit_name, fix):
     """Every id in [0, limit), else a ValueError naming the offending value, the limit and `fix`."""
     if ids is None:
         return

@@ -123,3 +123,26 @@ def test_modules_and_functions_stay_readable():
                            and node.end_lineno - node.lineno + 1 > 60]
     assert not long_modules and not long_functions, long_modules + long_functions
 
+
+def test_calls_of_our_functions_name_their_arguments():
+    """No call of a function or method defined in hf_vanilla/ or conversion/ passes five or more arguments by
+    position (a `*args` splat counts as one): such a call depends on the order of a signature, and a reordering
+    silently miswires it (shared/STYLE.md: arguments by name past the first two or three). Calls on torch, F, nn and
+    np are theirs, whatever the name."""
+    sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "conversion").rglob("*.py")]
+    trees = {path: ast.parse(path.read_text()) for path in sources}
+    ours = {node.name for tree in trees.values() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    positional = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or len(node.args) < 5:
+                continue
+            function = node.func
+            if isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name) \
+                    and function.value.id in ("torch", "F", "nn", "np"):
+                continue
+            name = function.id if isinstance(function, ast.Name) else getattr(function, "attr", None)
+            if name in ours:
+                positional.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}: {len(node.args)}")
+    assert not positional, positional

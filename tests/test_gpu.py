@@ -133,7 +133,8 @@ def test_many_lengths_attend_in_one_call_per_layer_in_half_precision(family, mon
     from hf_vanilla import packing
 
     one_call, calls = packing.attention_in_one_call, []
-    monkeypatch.setattr(packing, "attention_in_one_call", lambda *args: calls.append(1) or one_call(*args))
+    monkeypatch.setattr(packing, "attention_in_one_call",
+                        lambda *args, **kwargs: calls.append(1) or one_call(*args, **kwargs))
     torch.manual_seed(0)
     if family == "encoder":
         model = small_encoder()

@@ -41,7 +41,7 @@ def convert(format: str, source, output, *, force: bool = False, verify: bool = 
     Returns the output folder. Raises `ConversionError` (the source, the options or the output is refused, or the
     converted model disagrees with transformers' beyond the parity rule)."""
     selected = _named(format, reverse=False)
-    return run(selected, source, output, checked_options(selected, options), force, verify)
+    return run(selected, source, output, options=checked_options(selected, options), force=force, verify=verify)
 
 
 def to_transformers(format: str, source, output, *, force: bool = False, verify: bool = True, **options) -> Path:
@@ -58,7 +58,7 @@ def to_transformers(format: str, source, output, *, force: bool = False, verify:
 
     Returns the output folder. Raises `ConversionError`, as `convert` does."""
     selected = _named(f"to-{format}", reverse=True)
-    return run(selected, source, output, checked_options(selected, options), force, verify)
+    return run(selected, source, output, options=checked_options(selected, options), force=force, verify=verify)
 
 
 def _named(name: str, reverse: bool) -> Conversion:
@@ -114,7 +114,8 @@ def deprecated(old: str, name: str, parameters: tuple):
         force, verify = kwargs.pop("force", False), kwargs.pop("verify", True)
         command = kwargs.pop("command", None)
         selected = CONVERSIONS[name]
-        return run(selected, source, output, checked_options(selected, kwargs), force, verify, command)
+        return run(selected, source, output, options=checked_options(selected, kwargs), force=force, verify=verify,
+                   command=command)
 
     call.__name__ = call.__qualname__ = old.rsplit(".", 1)[1]
     call.__doc__ = f"Deprecated: {new} does this. {old}(source, output, {', '.join(parameters)})."

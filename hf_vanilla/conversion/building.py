@@ -20,8 +20,8 @@ def map_and_build(model_class, config, tensors: dict, table: dict[str, str], dro
     if unprefix:
         mapped = {key.removeprefix(unprefix): tensor for key, tensor in mapped.items()}
     names = checkpoint_names or {}
-    return build_model(model_class, config, mapped, [names.get(key, key) for key in unknown],
-                       source_namer(table, names))
+    return build_model(model_class, config, mapped, unknown=[names.get(key, key) for key in unknown],
+                       source_name=source_namer(table, names))
 
 
 def build_model(model_class, config, tensors: dict[str, torch.Tensor], unknown: list[str], source_name=None):

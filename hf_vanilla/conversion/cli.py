@@ -42,9 +42,12 @@ def _conversion_command(subparsers, conversion) -> None:
         parser.add_argument(option.flag, dest=option.name, default=option.default, choices=option.choices,
                             type=int if option.integer else None, help=option.help)
     parser.add_argument("--no-verify", dest="verify", action="store_false", help=conversion.verify_help)
-    parser.set_defaults(run=lambda a: run(conversion, a.source, a.output,
-                                          {option.name: getattr(a, option.name) for option in conversion.options},
-                                          a.force, a.verify, a.command))
+
+    def run_conversion(a):
+        options = {option.name: getattr(a, option.name) for option in conversion.options}
+        return run(conversion, a.source, a.output, options=options, force=a.force, verify=a.verify, command=a.command)
+
+    parser.set_defaults(run=run_conversion)
 
 
 def _onnx_command(subparsers) -> None:

@@ -93,13 +93,14 @@ def _back(name: str, title: str, help: str) -> Conversion:
 CONVERSIONS = {conversion.name: conversion for conversion in (
     *_encoder("bert", "BERT", ("bert",)),
     _seq2seq("warm-start", "one BERT checkpoint -> both stacks of a vanilla encoder-decoder (bert2bert)",
-             "Hub id (bert-base-uncased) or local BERT checkpoint dir", "bert2bert", "WARM_START", options=(
+             "Hub id (bert-base-uncased) or local BERT checkpoint dir", module="bert2bert", attribute="WARM_START",
+             options=(
                  Option("seed", 0, "seed of the fresh cross-attention", integer=True),
                  Option("decoder_start_token_id", None, "first decoder token; default the tokenizer's [CLS]",
                         integer=True),
                  Option("eos_token_id", None, "end of a target; default the tokenizer's [SEP]", integer=True))),
     _seq2seq("bert2bert", "a transformers EncoderDecoderModel (BERT encoder + BERT decoder) -> vanilla",
-             "Hub id or local EncoderDecoderModel checkpoint dir", "bert2bert", "BERT2BERT"),
+             "Hub id or local EncoderDecoderModel checkpoint dir", module="bert2bert", attribute="BERT2BERT"),
     _seq2seq("marian", "a transformers MarianMTModel (OPUS-MT) -> vanilla",
              "Hub id (Helsinki-NLP/opus-mt-en-de) or local MarianMTModel checkpoint dir", "marian"),
     _back("marian", "MarianMTModel", "a vanilla encoder-decoder converted from Marian -> a transformers MarianMTModel"),
@@ -136,5 +137,6 @@ def run(conversion: Conversion, source, output, options: dict, force: bool = Fal
     if conversion.reverse:
         return flow.to_source(conversion.format(), str(source), str(output), force=force, verify=verify, **options)
     return flow.convert(conversion.format(), str(source), str(output), force=force, verify=verify,
-                        command=command or command_line(conversion, source, output, options, force, verify),
+                        command=command or command_line(conversion, source, output, options=options, force=force,
+                                                        verify=verify),
                         **options)

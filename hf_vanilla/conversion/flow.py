@@ -66,8 +66,8 @@ def convert(fmt, source: str, output: str, dtype: str = "float32", force: bool =
         save_checkpoint(model, staging)  # write
         fmt.side_files(job, staging)
         title, notes = fmt.card(job, source)
-        write_model_card(staging, title, source, command or f"hf-vanilla {fmt.name} --source {source} --output "
-                                                            f"{output}", f"{parity}\n\n{notes}".strip())
+        command = command or f"hf-vanilla {fmt.name} --source {source} --output {output}"
+        write_model_card(staging, title, source, command=command, parity=f"{parity}\n\n{notes}".strip())
     return Path(output)
 
 
@@ -96,7 +96,8 @@ def to_source(fmt, source: str, output: str, force: bool = False, verify: bool =
     tensors = load_tensors(source_dir)
     check_layer_counts((key.removeprefix("model.") for key in tensors), vanilla_layer_counts(config),
                        f"{source_dir}/config.json")
-    model = fmt.to_source_model(tensors, config, head, (target_class, target_config), source_dir)  # map back -> build
+    model = fmt.to_source_model(tensors, config, head, target=(target_class, target_config),  # map back -> build
+                                source_dir=source_dir)
     if dtype is not None:
         cast_for_saving(model, dtype)
     check_tokenizer(source_dir, model.config.vocab_size)

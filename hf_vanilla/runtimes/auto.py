@@ -87,7 +87,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
                          f"paths, 'fastest' also int8 and bf16 at no lower accuracy than the int8 engines'.")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"use_auto: threads={threads!r} must be a whole number of threads, 1 or more.")
-    checked("use_auto", precision, PRECISIONS, threads, cache_dir)  # cache_dir, as every runtime checks it
+    checked("use_auto", precision, PRECISIONS, threads, cache_dir=cache_dir)  # cache_dir, as every runtime checks it
     if model.training:
         raise ValueError("runtime='auto' runs inference only: call model.eval() first.")
     _refuse_other_dtypes(model)
@@ -107,13 +107,13 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
                                      None)
         logger.info("runtime='auto': eager PyTorch (no engine installed: %s)", "; ".join(left_out.values()))
         return model
-    file = decision_file(model, precision, threads, paths, cache_dir, batches)
+    file = decision_file(model, precision, threads, paths=paths, cache_dir=cache_dir, batches=batches)
     kept = read_decision(file, paths)
     kept = None if kept is None else AutoChoice(**kept, cached=True, file=str(file))
     record = kept if kept is not None and kept.settled else None
     if record is not None:
         try:
-            _attach(model, record, threads, cache_dir, apply_runtime)
+            _attach(model, record, threads, cache_dir=cache_dir, apply_runtime=apply_runtime)
             logger.info("runtime='auto': %s, as measured before (%s)", record.runtime, file)
         except (ValueError, RuntimeError, ImportError) as error:  # the engines' refusals: this model, this machine
             take_off(model)
@@ -122,16 +122,16 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
                           stacklevel=2)
             kept = record = None
     if record is None:
-        record = _measure(model, precision, threads, cache_dir, paths, left_out, batches, text, apply_runtime)
+        record = _measure(model, precision, threads, cache_dir=cache_dir, paths=paths, left_out=left_out,
+                          batches=batches, sample=text, apply_runtime=apply_runtime)
         if kept is not None:  # an unsettled decision, measured once more
             record = _settle(kept, record)
-        busy = saturated()
-        if busy:
+        if busy := saturated():
             logger.info("runtime='auto': the decision is not kept: the machine was saturated while it measured (%s); "
                         "the next load measures again", busy)
         else:
             record.file = write_decision(file, record)
-        _attach(model, record, threads, cache_dir, apply_runtime)
+        _attach(model, record, threads, cache_dir=cache_dir, apply_runtime=apply_runtime)
     _CHOICES[model] = record
     return model
 
@@ -141,7 +141,7 @@ def auto_choice(model) -> AutoChoice | None:
     return _CHOICES.get(model)
 
 
-def _attach(model, record: AutoChoice, threads: int, cache_dir, apply_runtime) -> None:
+def _attach(model, record: AutoChoice, threads: int, *, cache_dir, apply_runtime) -> None:
     """Put the engine of `record`'s path on `model` (through `apply_runtime`), with the per-size decisions of the
     measured requests."""
     path = BY_NAME[record.runtime]
@@ -200,7 +200,7 @@ def runner(model, path: Path, inputs: dict):
     return run
 
 
-def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sample, apply_runtime) -> AutoChoice:
+def _measure(model, precision, threads, *, cache_dir, paths, left_out, batches, sample, apply_runtime) -> AutoChoice:
     """Attach each path to its own copy of `model` (through `apply_runtime`), check the reduced ones' accuracy on
     `batches` (the sample), time them all in balanced orders, each request as such requests come (the module
     docstring), and choose."""
@@ -227,7 +227,7 @@ def _measure(model, precision, threads, cache_dir, paths, left_out, batches, sam
     times = _time(runs)
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
     chosen, margin = _choose(effective)
-    split = _split(chosen, precision, models, inputs, effective)
+    split = _split(chosen, precision, models, inputs=inputs, effective=effective)
     record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, sample if accuracy else "",
                         left_out, time.perf_counter() - started, _cpu(), margin,
                         margin is None or margin >= NOISE, False, None, split)
@@ -337,7 +337,7 @@ def _effective(name: str, request: str, times: dict) -> float:
     return times[name][request] if pytorch >= CHOICE_MIN_GAIN * times[name][request] else pytorch
 
 
-def _split(chosen: str, precision: str, models: dict, inputs: dict, effective: dict) -> dict | None:
+def _split(chosen: str, precision: str, models: dict, *, inputs: dict, effective: dict) -> dict | None:
     """{"tokens": n, "path": name}: from how many real tokens path `name` answers beside the chosen engine
     (`OwnedEncoder.pair`), or None. For each other path, over the measured requests in order of real tokens, at the
     first where it was faster (by `TIE`) with the engine faster at the one before, its split is where the two times,

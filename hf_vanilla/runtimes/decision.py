@@ -172,7 +172,7 @@ def decision_file(model, precision, threads, paths, cache_dir, batches=None):
     directory = GraphCache(cache_dir).directory
     if directory is None:
         return None
-    return directory / f"auto-{decision_key(model, precision, threads, paths, batches)}.json"
+    return directory / f"auto-{decision_key(model, precision, threads, paths=paths, batches=batches)}.json"
 
 
 def read_decision(file, paths: list) -> dict | None:

@@ -102,8 +102,8 @@ class Seq2SeqFormat:
         tensors = self.prepare(tensors, config)
         check_layer_counts(tensors, fairseq_layer_counts(config, self.heads[head].stacks), config_file)
         embeddings = self.embeddings(tensors, config, head)  # popped from `tensors`: before the table is read
-        return map_and_build(self.heads[head].model_class, config, tensors, self.key_table(config, head),
-                             self.dropped(config, head), extra=embeddings,
+        return map_and_build(self.heads[head].model_class, config, tensors, table=self.key_table(config, head),
+                             dropped=self.dropped(config, head), extra=embeddings,
                              unprefix="model." if self.heads[head].base else "")  # our base model has no `model.`
 
     # ---- the flow's steps, source -> vanilla (flow.convert) ----
@@ -293,7 +293,7 @@ def verify_seq2seq(reference, model, decoder_inputs: bool = True, generation: bo
             continue
         # Decoder states line up with the target, which for the heads that read the shifted source is that source.
         mask = batch["attention_mask"] if name == "encoder_hidden_states" else target_mask
-        within, diff = check(label, ref, ours, mask, model.dtype)
+        within, diff = check(label, ref, ours, mask=mask, dtype=model.dtype)
         ok, worst = ok and within, worse(worst, diff)
     summary = (f"max |diff| {worst:.1e} over every hidden state and output ({PRECISION_NAMES[model.dtype]}, padded "
                f"batch, {rule(model.dtype)})")
@@ -304,5 +304,5 @@ def verify_seq2seq(reference, model, decoder_inputs: bool = True, generation: bo
         # (GPT-2's convention); BartForCausalLM takes none and counts from the row's left edge, padding included, so
         # the two agree on prompts without padding, which is what is compared.
         batch = {"input_ids": batch["input_ids"][:1], "attention_mask": batch["attention_mask"][:1]}
-    same, generated = compare_generation(reference, model, batch, max_new_tokens, num_beams)
+    same, generated = compare_generation(reference, model, batch, max_new_tokens=max_new_tokens, num_beams=num_beams)
     return ok and same, f"{summary}; {generated}"

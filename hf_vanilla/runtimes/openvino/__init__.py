@@ -29,8 +29,10 @@ def use_openvino(model, precision: str = "f32", threads: int | None = None, cach
     STATIC_TOKENS (128) tokens may get a compilation of their own, each at the second request of that shape; none by
     default (faster on short requests of one repeated shape, but each stalls the request that compiles it and holds
     the projections' weights again: engine.py). Calling it again compiles the model as it is."""
-    checked("use_openvino", precision, OpenVinoEncoder.PRECISIONS, threads, cache_dir, static_shapes=static_shapes)
-    return hold(model, OpenVinoEncoder, precision, threads, cache_dir, "use_openvino", static_shapes=static_shapes)
+    checked("use_openvino", precision, OpenVinoEncoder.PRECISIONS, threads=threads, cache_dir=cache_dir,
+            static_shapes=static_shapes)
+    return hold(model, OpenVinoEncoder, precision, threads=threads, cache_dir=cache_dir, call="use_openvino",
+                static_shapes=static_shapes)
 
 
 def remove_openvino(model):

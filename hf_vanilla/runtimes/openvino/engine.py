@@ -96,7 +96,7 @@ class OpenVinoEncoder(OwnedEncoder):
             seen = self.seen[B, T] = self.seen.get((B, T), 0) + 1
             if seen >= self.STATIC_AFTER:
                 static = self.static[B, T] = compile_graph(self.graph, tensors_of(self.shadow), self.precision,
-                                                           self.threads, (B, T))
+                                                           threads=self.threads, shape=(B, T))
         return static or self.compiled
 
     def outputs_of(self, compiled) -> tuple[list, bool]:
