@@ -7,11 +7,10 @@ Only a float32 engine is ever compared with PyTorch, whose answer is the same wi
 ran never shows in the output, only in the time (`measures`).
 
 A request without padding goes to the engine, unmeasured: PyTorch's one advantage, skipping the padding, is absent,
-and the engine computes the same tokens from a compiled graph. In the dense cases of benchmarks/engines.py on AMD
-Zen 4 and Zen 5 (benchmarks/results/) the engines were level with eager PyTorch on the long inputs (ONNX Runtime
-0.98-1.14 of it at 8x128 and 1x512, OpenVINO 0.95-1.39) and faster at 16 tokens (OpenVINO 2.4-3.3x), where timing
-PyTorch costs a call 2-4 times the engine's; the one dense case below it, ONNX Runtime after an idle gap on Zen 5's
-MiniLM 1x16 (fed the weights 0.88, holding them 1.07), the measurement in blocks back to back had chosen as well.
+and the engine computes the same tokens from a compiled graph. In the dense cases of benchmarks/engines.py
+(docs/performance.md) the engines were level with eager PyTorch on the long inputs and faster at 16 tokens, where
+timing PyTorch would cost a call several of the engine's; the one dense case where the engine trailed, ONNX Runtime
+after an idle gap on MiniLM 1x16, the measurement in blocks back to back had chosen as well.
 
 A padded request is where PyTorch can win (docs/performance.md), and there the first calls of each request size
 (rows and real tokens, each rounded up to a power of two, and the thread count) measure the two

@@ -62,8 +62,8 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: b
 def encoder_units(model) -> list:
     """What runs as one graph: each BERT-style body (embeddings, layers and its pooler), and each encoder-decoder's
     encoder stack. Decoders, causal ones included, stay in PyTorch. The pooler belongs in the graph: a PyTorch op
-    right after an ONNX Runtime call waits for torch's threads while ONNX Runtime's still hold the cores (measured:
-    5-14 ms for the 384 x 384 pooler of MiniLM on 2 threads, 0.4 ms on one)."""
+    right after an ONNX Runtime call waits for torch's threads while ONNX Runtime's still hold the cores, many times
+    longer than the op itself takes on one thread."""
     units = {}
     for module in model.modules():
         if not isinstance(module, PreTrainedModel):

@@ -11,7 +11,7 @@ are. It calls ONNX Runtime whenever that gives the module's own answer:
 - the model as it was traced (below).
 Anything else runs the module's own forward. The heads after the pooler and the decoder stay in PyTorch. A request
 costs one engine call: PyTorch work right after ONNX Runtime's, on the same cores, waits for torch's threads to
-get them back (`encoder_units` has the measurement).
+get them back (`encoder_units`).
 
 Which engine answers. Where both can, the faster does, measured in the process per request size
 (hf_vanilla/runtimes/choice.py). Fed the model's weights, ONNX Runtime is much faster than eager PyTorch on short
