@@ -13,10 +13,16 @@ activation quantization is one scale per tensor, and one token with large activa
 token's: on MiniLM and real sentences the lowest per-token cosine against float32 was 0.968, below CTranslate2's
 int8 (0.986). So each token is first divided by its own largest |x| and the product multiplied back by it
 (`token_ranges`), as `hf_vanilla.precision.Int8Linear` does for the same reason: per-token quantization from
-per-tensor kernels, lowest cosine 0.992, for 9-13% of the int8 time on bert-base (AMD Zen 5; 10% on Zen 3:
-benchmarks/int8_ranges.py, docs/performance.md).
+per-tensor kernels, lowest cosine 0.992, for a small part of the int8 time (benchmarks/int8_ranges.py measures
+it, docs/performance.md gives it).
 Embeddings, norms and attention's own products stay float32; the shadow keeps and saves the float32 weights, and
 PyTorch's path runs them in float32.
+
+Not ONNX Runtime's transformer optimizer. `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`
+fuses in this graph only what ONNX Runtime's own graph optimizations fuse when it makes the session
+(SkipLayerNormalization, BiasGelu): its attention and embedding patterns do not match the graph torch.onnx exports
+of scaled_dot_product_attention and of our padding mask. Its graph and the plain one run as the same kernels, op for
+op, so the engine makes its session of the plain graph.
 """
 
 import contextlib
@@ -136,7 +142,7 @@ def quantized(graph: onnx.ModelProto, per_token: bool = True) -> onnx.ModelProto
     Weights get all 8 bits where the CPU has VNNI or AMX (`INT8_PRODUCTS`), and 7 elsewhere: without them MLAS
     multiplies with `vpmaddubsw`, which adds two u8 x s8 products into a saturating int16 (255 x 127 x 2 > 32767;
     255 x 64 x 2 < 32767 cannot overflow), as `hf_vanilla.precision.Int8Linear` found with fbgemm. On MiniLM's 256
-    Lee sentences 7-bit weights gave a lowest token cosine of 0.9865 against 0.9917 with 8 (AMD Zen 5)."""
+    Lee sentences 7-bit weights gave a lowest token cosine of 0.9865 against 0.9917 with 8 (on a CPU with VNNI)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory(prefix="hf_vanilla-int8-") as folder, _quiet_quantizer():
