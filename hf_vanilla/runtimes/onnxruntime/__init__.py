@@ -41,9 +41,11 @@ def use_onnx_runtime(model, cache_dir=None, threads: int | None = None, owned: b
     both engines use what the process was given). `owned=True`: ONNX Runtime holds the weights of each BERT-style
     body (a float32 model in eval mode, its weights untied from any head), at `precision` "f32" or "int8".
     Calling it again traces the model as it is now: exported once per architecture, cheap otherwise."""
-    checked("use_onnx_runtime", precision, OwnedOnnxEncoder.PRECISIONS, threads, cache_dir, owned=owned)
+    checked("use_onnx_runtime", precision, precisions=OwnedOnnxEncoder.PRECISIONS, threads=threads,
+            cache_dir=cache_dir, owned=owned)
     if owned:  # hold() makes every check of its own
-        return hold(model, OwnedOnnxEncoder, precision, threads, cache_dir, "use_onnx_runtime(owned=True)")
+        return hold(model, OwnedOnnxEncoder, precision, threads=threads, cache_dir=cache_dir,
+                    call="use_onnx_runtime(owned=True)")
     refuse_quantized(model, "use_onnx_runtime")
     if precision != "f32":
         raise ValueError(f"use_onnx_runtime(precision={precision!r}) needs owned=True: fed the model's weights on "
