@@ -198,7 +198,7 @@ def test_readme_lists_the_files_remote_code_carries():
     families = [package / f"modeling_{family}.py" for family in ("encoder", "seq2seq", "decoder")]
     carried = {Path(f).name for module in families for f in (module, *get_relative_import_files(module))}
     readme = (package.parent / "README.md").read_text()
-    sentence = re.search(r"Files that travel with a checkpoint for `trust_remote_code`.*?imports\): (.*?)\. They",
+    sentence = re.search(r"Files that travel with a checkpoint for `trust_remote_code`.*?imports\): (.*?)\.\s+They",
                          readme, flags=re.S).group(1)
     assert set(re.findall(r"`([a-z0-9_]+\.py)`", sentence)) == carried
 
