@@ -335,6 +335,31 @@ def test_an_edited_model_gets_pytorchs_answer_on_the_edited_model(base, edit):
     assert all("use_onnx_runtime(model) again" in message for message in messages)
 
 
+def test_a_call_on_onnx_runtime_checks_the_model_without_reading_its_modules(base, monkeypatch):
+    """While nothing changes, a request ONNX Runtime answers compares none of the model's module dicts (only the
+    weights' layout, which `.data =` changes unseen by any module: hf_vanilla/runtimes/watch.py); a weight's memory
+    replaced is still fed at the next call."""
+    from hf_vanilla.runtimes import watch
+
+    _, _, eager, cache = base
+    model = use_onnx_runtime(copy.deepcopy(eager), cache_dir=cache)
+    input_ids, mask = padded_batch([6, 6])
+    compared, everything = [], watch.Watch._unchanged_everywhere
+    with torch.inference_mode():
+        model(input_ids=input_ids, attention_mask=mask)  # warm: the check made once after the attach's own reads
+        monkeypatch.setattr(watch.Watch, "_unchanged_everywhere", lambda self: compared.append(self) or everything(self))
+        calls, before = Calls(model), watch.CHANGES
+        for _ in range(3):
+            model(input_ids=input_ids, attention_mask=mask)
+        assert calls.count == 3 and watch.CHANGES == before and not compared
+        weight = model.encoder.layers[0].ffn.up_proj.weight
+        weight.data = weight.data * 1.5
+        got = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        expected = remove_onnx_runtime(copy.deepcopy(model))(input_ids=input_ids, attention_mask=mask)
+    assert calls.count == 4
+    assert_close(got, expected.last_hidden_state)
+
+
 def test_forward_hooks_inside_the_encoder_run_in_pytorch_while_they_are_set(base):
     _, _, eager, cache = base
     model, seen = copy.deepcopy(eager), []

@@ -666,6 +666,32 @@ def test_the_config_reaches_the_engine(held, graphs, engine_only):
         assert_close(have[real], expected[real])
 
 
+def test_a_call_checks_the_model_without_reading_it(held, graphs, engine_only, monkeypatch):
+    """While nothing changes, a call of a held model (a head around the body; padded and dense) moves no count and
+    compares none of the body's module dicts (hf_vanilla/runtimes/watch.py), so the check costs the same whatever the
+    model's size; the next change is still seen at the next call, and given back, the body's modules have their
+    plain registries again."""
+    from hf_vanilla.runtimes import watch
+
+    torch.manual_seed(0)
+    plain = VanillaEncoderForSequenceClassification(VanillaEncoderConfig(**CONFIG)).eval()
+    model = hold(copy.deepcopy(plain), held, graphs)
+    requests = [batch(), {"input_ids": batch()["input_ids"]}]
+    compared, everything = [], watch.Watch._unchanged_everywhere
+    with torch.inference_mode():
+        for inputs in requests:
+            model(**inputs)  # warm: the sizes compiled, the check made once after the attach's own reads
+        monkeypatch.setattr(watch.Watch, "_unchanged_everywhere", lambda self: compared.append(self) or everything(self))
+        before = watch.CHANGES
+        for inputs in requests * 2:
+            assert_close(model(**inputs).logits, plain(**inputs).logits)
+        assert watch.CHANGES == before and not compared
+        model.config.output_hidden_states = plain.config.output_hidden_states = True
+        assert len(model(**batch()).hidden_states) == len(plain(**batch()).hidden_states)
+    remove(held)[0](model)
+    assert not [m for m in model.modules() for name in watch._REGISTRIES if isinstance(vars(m)[name], watch._Counting)]
+
+
 def test_int8_needs_onnx_runtime_to_hold_the_weights(graphs):
     """Fed the model's weights on every call, ONNX Runtime computes in float32: int8 is refused there, naming
     owned=True, before anything is attached."""

@@ -81,7 +81,7 @@ def route(decisions: measure.MeasuredChoice | None, mask: np.ndarray,
     reduced precision, `compared`) or `CHOICE` says so; (path, key) while `decisions` still measures the size:
     "engine" or "pytorch", whose call `timed` times under `key`. The engine then calls that path itself, so a
     decided request is routed once and needs no callback."""
-    rows, tokens = mask.shape[0], int(mask.sum())
+    rows, tokens = mask.shape[0], int(np.count_nonzero(mask))  # a mask of 1 and 0 (`batches.feeds_for`)
     if split is not None and tokens >= split and CHOICE != "engine":
         return "partner", None
     if tokens == mask.size:

@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from .watch import structure_of
+from .watch import note_change, structure_of
 
 
 def refusal(engine, attempted: str, then: str = "") -> str:
@@ -114,6 +114,8 @@ def _marker_function(func, args: tuple, kwargs: dict):
     with torch._C.DisableTorchFunctionSubclass():
         result = func(*args, **kwargs)
         device = result.device if isinstance(result, torch.Tensor) else None
+    if name == "__set__" and ours and _property(func) == "data":
+        note_change()  # model.to(dtype) moved the marker: the engine's check sees it at the next call (watch.py)
     if name in _MOVES and ours and device is not None and device.type != "cpu":  # torch replaces a parameter moved
         raise RuntimeError(refusal(marker, f"Moving the model to {device}", "move the model"))  # to another device
     if isinstance(result, torch.Tensor) and not isinstance(result, (HeldMarker, _MarkerView)) and any(
@@ -361,6 +363,8 @@ class HeldWeights:
         shares its memory (nothing was loaded or moved since), so a reference kept from before writes the model
         again."""
         unit, own = self.unit, dict(self.shadow.named_modules())
+        if vars(self).get("watch") is not None:  # the body's modules get their plain registries back
+            self.watch.release()
         originals, self.sealed = unseal(self.sealed), []
         vars(unit).pop("forward", None)
         for hooks in (unit._state_dict_hooks, unit._load_state_dict_pre_hooks):

@@ -3,58 +3,54 @@ weights (`runtime="onnxruntime", runtime_options={"owned": True}`) share. Each e
 compiles and how it runs it (`build`, `run`); this one says how the weights are held, and which changes the engine
 follows or refuses.
 
-Why own them. An engine's lead on short requests is that it lays each weight out for its kernels once, when it
-compiles (docs/performance_history.md: OpenVINO's profile on Zen 3 spent 11.5 of 12.3 ms in `FullyConnected`;
-fed the weights as inputs on every call, as `runtime="onnxruntime"` does by default, an engine is slower at short
-requests: docs/deploy.md gives the cost),
-and int8 products need weights quantized once. A compiled copy can only be trusted while nothing else writes the
-weights, and nothing short of reading every weight tells a `.data` or numpy write from no write. So the engine
-takes them: at attach the body's parameters and buffers move into a private copy of the body (`shadow`), and the
-body the user holds keeps its modules, config and code but no tensor. `model.parameters()` yields one empty marker
-in their place (`HeldMarker`): `model.to(...)` reaches the engine through it, `model.dtype` and `model.device` read
-it, its `requires_grad` is the held weights', and it refuses, where it happens, what would treat it as the weights (an
-in-place write, an optimizer's step, `.data =` as `vector_to_parameters` does, a move to another device), which would
-change nothing. `layer.weight` reads the shadow's through a `HeldTensor` view, which refuses every write by name, and
-what a user or a library asks of a model to inspect it answers from the shadow (`num_parameters`,
-`get_memory_footprint`). Every change then comes through a door the engine keeps:
-- `state_dict()` / `save_pretrained` give the shadow's tensors under the body's names as read-only views
-  (`HeldTensor`: they share the engine's memory as a PyTorch state dict shares the model's, so a write into one is
-  refused, not lost; `.clone()`, a deep copy and `torch.save` give plain tensors), and any class loads the checkpoint
-  whole; `load_state_dict` (also `assign=True`) loads copies into the shadow and recompiles, also when it fails
-  half-way (as PyTorch leaves the model: what loaded is computed, on every path);
+Why own them. An engine's lead on short requests is that it lays each weight out for its kernels once, when it compiles
+(its matrix products are most of a short request; fed the weights as inputs on every call, as `runtime="onnxruntime"`
+does by default, an engine is slower there: docs/deploy.md gives the cost), and int8 products need weights quantized
+once. A compiled copy can only be trusted while nothing else writes the weights, and nothing short of reading every
+weight tells a `.data` or numpy write from no write. So the engine takes them: at attach the body's parameters and
+buffers move into a private copy of the body (`shadow`), and the body the user holds keeps its modules, config and code
+but no tensor. `model.parameters()` yields one empty marker in their place (`HeldMarker`): `model.to(...)` reaches the
+engine through it, `model.dtype` and `model.device` read it, its `requires_grad` is the held weights', and it refuses,
+where it happens, what would treat it as the weights (an in-place write, an optimizer's step, `.data =` as
+`vector_to_parameters` does, a move to another device), which would change nothing. `layer.weight` reads the shadow's
+through a `HeldTensor` view, which refuses every write by name, and what a user or a library asks of a model to inspect
+it answers from the shadow (`num_parameters`, `get_memory_footprint`). Every change comes through a door it keeps:
+- `state_dict()` / `save_pretrained` give the shadow's tensors under the body's names as read-only views (`HeldTensor`:
+  they share the engine's memory as a PyTorch state dict shares the model's, so a write into one is refused, not lost;
+  `.clone()`, a deep copy and `torch.save` give plain tensors), and any class loads the checkpoint whole;
+  `load_state_dict` (also `assign=True`) loads copies into the shadow and recompiles, also when it fails half-way (as
+  PyTorch leaves the model: what loaded is computed, on every path);
 - a module replaced or added, a Parameter, a buffer or None assigned in a held tensor's place, a method patched on a
-  class, a config value changed (the body compared with what was compiled on every call, `hf_vanilla.runtimes.watch`):
-  the tensors go back into the body, each by name into the module it was taken from (what was assigned stays, the
-  module's other tensors with it), and it is traced and compiled again (seconds). A body that cannot then be compiled
-  keeps every tensor (its state_dict is the model as changed) and each call raises, naming the change, the cause and
-  the fixes, until it is repaired. What PyTorch refuses to assign (a plain tensor in a parameter's place) gets
-  PyTorch's TypeError at the next call, the weight put back; a tensor under two names inside the body is refused by
-  name (the graph reads each weight once);
+  class, a config value changed (the body checked at every call, `hf_vanilla.runtimes.watch`, which names what it sees
+  only with the next change it sees): the tensors go back into the body, each by name into the module it was taken from
+  (what was assigned stays, the module's other tensors with it), and it is traced and compiled again (seconds). A body
+  that cannot then be compiled keeps every tensor (its state_dict is the model as changed) and each call raises, naming
+  the change, the cause and the fixes, until it is repaired. What PyTorch refuses to assign (a plain tensor in a
+  parameter's place) gets PyTorch's TypeError at the next call, the weight put back; a tensor under two names inside the
+  body is refused by name (the graph reads each weight once);
 - `model.to(dtype)` to a dtype the engine computes in (`FOLLOWS`: OpenVINO float32 and bfloat16): followed, compiled
-  from the weights as the move rounds them and only then the shadow moved; where the engine cannot compile it, or to
-  another dtype, refused at every call until the model is moved back, the weights as they were. A move to another
-  device is refused at the move;
+  from the weights as the move rounds them, then the shadow moved; where the engine cannot compile it, or to another
+  dtype, refused at every call until the model is moved back, the weights as they were; to another device, at once;
 - training (`model.train()`, or gradients asked of the body's weights through its outputs while the marker requires
-  grad: `model.base_model.requires_grad_(False)` freezes the encoder, and what is around it trains), a write into a
-  held weight, also through a tensor kept from before attach (an optimizer's, `model.get_parameter(...)`: the body's
-  own tensors refuse writes while it is held, `holding.seal`, and are given back by `give_back`), and forward hooks
-  inside the body, which the graph would not run, are refused (`refusal`: what was attempted, which engine holds the
-  weights, the call that gives them back). A `.data` or numpy view taken before attach is memory the engine cannot
-  watch: take none across an attach;
+  grad: `model.base_model.requires_grad_(False)` freezes the encoder, and what is around it trains), a write into a held
+  weight, also through a tensor kept from before attach (an optimizer's, `model.get_parameter(...)`: the body's own
+  tensors refuse writes while it is held, `holding.seal`, and are given back by `give_back`), and forward hooks inside
+  the body, which the graph would not run, are refused (`refusal`: what was attempted, which engine holds the weights,
+  the call that gives them back). A `.data` or numpy view taken before attach is memory the engine cannot watch: take
+  none across an attach;
 - a checkpoint file the weights are memory-mapped from, written in place while the model is loaded
   (`mapped.MappedFiles`): every call is refused, naming the file and the fix (load it again).
 
-What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions,
-no cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the
-same weights) answers everything else, and, at float32, the padded request sizes where it measured faster
-(hf_vanilla/runtimes/choice.py; at bf16 and int8 the engine answers every request it computes). Padded batches run
-as groups of rows of similar length (batches.py). Both answer within the parity rule of each other at float32; at
-bfloat16 and int8 the engines' kernels round differently from PyTorch's (the tests hold each to its precision's
-rule).
+What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions, no
+cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the same
+weights) answers everything else, and, at float32, the padded request sizes where it measured faster
+(hf_vanilla/runtimes/choice.py; at bf16 and int8 the engine answers every request it computes). Padded batches run as
+groups of rows of similar length (batches.py). Both answer within the parity rule of each other at float32; at bfloat16
+and int8 the engines' kernels round differently from PyTorch's (the tests hold each to its precision's rule).
 
 What it takes: the bodies of `vanilla_encoder` models (`model.base_model`, embeddings to pooler). It refuses a model
-whose other modules share a tensor with a body (a masked-LM head tied to the word embeddings: the body's copy and
-the head's would part), and encoder-decoders (their encoder shares the embeddings with the decoder): those run on
+whose other modules share a tensor with a body (a masked-LM head tied to the word embeddings: the body's copy and the
+head's would part), and encoder-decoders (their encoder shares the embeddings with the decoder): those run on
 `runtime="onnxruntime"` with its weights fed. It refuses a model whose layers after the body are in another dtype than
 the engine holds the body in (a bfloat16 classifier over an engine at float32 would meet a float32 output).
 """
@@ -69,7 +65,7 @@ from transformers import PreTrainedModel
 
 from . import choice
 from .attached import Engine, refuse_quantized, take_off
-from .batches import PROBE_TOLERANCE, probe, serve
+from .batches import PROBE_TOLERANCE, Rules, probe, serve
 from .cache import GraphCache, cache_key, export_graph, graph_io
 from .holding import (HeldMarker, HeldTensor, HeldWeights, held_repr, raw_attr, refusal, refuse_gradients, seal,
                       sharing_copy, tensors_of, unseal)
@@ -264,32 +260,38 @@ class OwnedEncoder(HeldWeights, Engine):
         output = self._call(args, kwargs)
         # What PyTorch would differentiate, refused by name: the marker's requires_grad is the weights' (set at attach,
         # then by model.requires_grad_(); frozen, the encoder is a fixed function and what is around it trains).
-        marker = self.unit._parameters.get(self.marker)
-        if torch.is_grad_enabled() and marker is not None and raw_attr(marker, "requires_grad"):
+        marker = self.unit._parameters.get(self.marker) if torch.is_grad_enabled() else None
+        if marker is not None and raw_attr(marker, "requires_grad"):
             output = refuse_gradients(output, refusal(
                 self, "Computing gradients of the encoder's weights", "train (or freeze the encoder, "
                 "model.base_model.requires_grad_(False), to train only what is around it)"))
         return output
 
     def _call(self, args: tuple, kwargs: dict):
+        """Every change of the body followed or refused (`_follow`), then the request read against the config's
+        `rules` and answered (`batches.serve`): all checks before the engine's call, which they slow beside it."""
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        partner = None if self.split is None else (self.split, functools.partial(self._pytorch, args, kwargs, True))
-        return serve(self.shadow.config, arguments, self.token_types, choice.compared(self.choice, self.precision),
-                     self._engine, functools.partial(self._pytorch, args, kwargs), partner=partner)
-
-    def _engine(self, feeds: dict, dense: bool):
-        """(run, output names, dtype) for `feeds` (`batches.serve`): the compilation the request runs on, after the
-        check of every change, all under the lock; the engine's call runs outside it. Checks before the call, all of
-        them: run beside an engine's threads on a 2-core machine they slowed both."""
         with self.lock:
             self._follow()
+            rules = self.rules
+        partner = None if self.split is None else (self.split, functools.partial(self._pytorch, args, kwargs, True))
+        decisions = choice.compared(self.choice, self.precision)
+        return serve(rules, arguments, token_types=self.token_types, decisions=decisions, engine=self._engine,
+                     pytorch=functools.partial(self._pytorch, args, kwargs), partner=partner)
+
+    def _engine(self, feeds: dict, dense: bool):
+        """(run, output names, dtype) for `feeds` (`batches.serve`): the compilation the request runs on, under the
+        lock; the engine's call runs outside it."""
+        with self.lock:
             compiled = self.for_shape(*feeds["input_ids"].shape) if dense else self.compiled
             names, dtype = self.names, self.dtype
         return functools.partial(self.run_dense if dense else self.run, compiled), names, dtype
 
     def _watch(self) -> Watch:
-        """The per-call check of the body (hf_vanilla/runtimes/watch.py), its marker the one tensor it follows."""
-        return Watch(self.unit, list(self.unit._parameters.values()))
+        """The per-call check of the body (hf_vanilla/runtimes/watch.py: its marker moves the count itself when moved),
+        and what a request is read against, off the config the check vouches for (`batches.Rules`)."""
+        self.rules = Rules.of(self.shadow.config)
+        return Watch(self.unit, list(self.unit._parameters.values()), before=vars(self).get("watch"), counted=True)
 
     def _pytorch(self, args, kwargs, partner: bool = False):
         """The shadow's answer: eager PyTorch on the engine's own copy of the weights; with `partner`, its partner's

@@ -4,19 +4,30 @@ Which weights. The graph holds none (`hf_vanilla.export.export_encoder_reading_w
 buffer is a graph input, fed on every call with the model's own tensor memory (a numpy view, no copy). A write into that
 memory by any route (an optimizer step, `load_state_dict`, `p.data.mul_()`, a numpy view of a weight) is what the
 next call computes with: there is nothing to detect. What replaces memory or changes the model is detected by a
-check on every call (`Watch`: the identity of every module's attributes, registries, class and forward hooks, of
-the config's fields and torch's global hooks, and the data pointer, shape, stride, dtype and device of every weight
-fed). When it sees a change, the model is compared by value with what the graph was traced from (`structure_of`):
-equal (tensors replaced by others of the same shape: `p.data = ...`, `vector_to_parameters`, `half().float()`, a
-deep copy), the new memory is fed; different (a layer removed, a module replaced as LoRA does, a config value the
-graph baked in), PyTorch runs, with a warning naming the fix: call `use_onnx_runtime` again. Forward hooks on the
-modules inside the encoder (or torch's global ones), which the graph would not run, send calls to PyTorch while they
-are set. ONNX Runtime keeps no copy of the weights, and the graph is the same for every checkpoint of one
-architecture.
+check on every call (`Watch`, below). When it sees a change, the model is compared by value with what the graph was
+traced from (`structure_of`): equal (tensors replaced by others of the same shape: `p.data = ...`,
+`vector_to_parameters`, `half().float()`, a deep copy), the new memory is fed; different (a layer removed, a module
+replaced as LoRA does, a config value the graph baked in), PyTorch runs, with a warning naming the fix: call
+`use_onnx_runtime` again. Forward hooks on the modules inside the encoder (or torch's global ones), which the graph
+would not run, send calls to PyTorch while they are set. ONNX Runtime keeps no copy of the weights, and the graph is
+the same for every checkpoint of one architecture.
+
+The check on every call costs the same whatever the model's size. A module changes through nn.Module's own code,
+and that code asks the module's registries first: `module.x = value` and `del module.x` ask `_parameters` whether
+it holds the name (whatever the value: a plain attribute, a training flag, a function, `__class__`), registering a
+parameter, buffer or submodule writes into its registry, containers (ModuleList.insert, ModuleDict.pop) write into
+`_modules`, and a forward hook is added to and removed from its hook registry. While a `Watch` stands, each module's
+registries are counting ones (`_Counting`): every write into them, and every name asked of them that they lack,
+moves one count (`CHANGES`); reading a weight asks for a name they hold, and moves nothing. A call compares that
+count with the one the watch was made at, and then what no module registry sees: the config's fields, the classes of
+the model's own code, torch's global forward hooks and the memory and strides of the tensors it feeds. Where the
+count moved, everything is compared as it was when the watch was made (`Watch` has the list), a read of a submodule
+(which asks `_parameters` for a name it lacks too) costing that comparison once.
 """
 
 import inspect
 import operator
+from collections import OrderedDict
 
 import torch
 import transformers
@@ -30,38 +41,162 @@ def hooked(unit) -> bool:
 
 
 _META = operator.attrgetter("shape", "dtype", "is_cpu")
+# Moved by every write into a watched module registry, and every name asked of one that it lacks (`_Counting`): one
+# count for the whole process, so that a registry needs no word of which watch stands over it.
+CHANGES = 0
+
+
+def note_change() -> None:
+    """Move the count: what a watched object says when it changed past its module's registries (an engine's
+    marker moved by `model.to(dtype)`, holding.HeldMarker)."""
+    global CHANGES
+    CHANGES += 1
+
+
+class _Counting:
+    """A module registry (`_parameters`, `_buffers`, `_modules`, its forward hooks) as a `Watch` leaves it: the same
+    contents in the same kind of dict, counting (`CHANGES`) every write and every name asked that it lacks. Copied
+    or pickled, it is the plain registry."""
+
+    __slots__ = ()
+
+    def __contains__(self, key) -> bool:
+        if super().__contains__(key):
+            return True
+        note_change()  # nn.Module.__setattr__ and __delattr__ ask this before they write anything
+        return False
+
+    def __reduce__(self):
+        return self.plain, (self.plain(self),)
+
+
+def _counted(write):
+    def counted(self, *args, **kwargs):
+        note_change()
+        return write(self, *args, **kwargs)
+    counted.__name__ = write.__name__
+    return counted
+
+
+def _counting(plain: type) -> type:
+    writes = ("__setitem__", "__delitem__", "__ior__", "pop", "popitem", "clear", "update", "setdefault",
+              "move_to_end")
+    return type(f"Counting{plain.__name__}", (_Counting, plain), {
+        "__slots__": (), "__module__": __name__, "plain": plain,
+        **{name: _counted(getattr(plain, name)) for name in writes if hasattr(plain, name)}})
+
+
+_COUNTING = {dict: _counting(dict), OrderedDict: _counting(OrderedDict)}  # torch's registries: dicts; hooks: ordered
+_REGISTRIES = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks")
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks")
+
+
+def _count_writes(module) -> bool:
+    """Leave counting registries in `module` (`_Counting`). Returns whether every one counts: a hook registry holding
+    hooks stays as it is (the handles that remove them hold it, not the module), as does a registry of a kind torch
+    does not make."""
+    state, counts = vars(module), True
+    for name in _REGISTRIES:
+        registry = state.get(name)
+        counting = _COUNTING.get(type(registry))
+        if counting is None or (registry and name in _HOOKS):
+            counts = counts and isinstance(registry, _Counting)
+        else:
+            state[name] = counting(registry)
+    return counts
+
+
+def stop_counting(modules) -> None:
+    """Give `modules` their plain registries back (a hook registry holding hooks keeps counting: its handles hold
+    it)."""
+    for module in modules:
+        state = vars(module)
+        for name in _REGISTRIES:
+            registry = state.get(name)
+            if isinstance(registry, _Counting) and not (registry and name in _HOOKS):
+                state[name] = registry.plain(registry)
+
+
+# The bases every model and config shares (nn.Module, PreTrainedModel, PreTrainedConfig and their mixins): a method
+# patched on one of them is seen where the count moved (the module docstring), not compared at every call.
+_SHARED_BASES = frozenset({*transformers.PreTrainedModel.__mro__, *transformers.PretrainedConfig.__mro__})
 
 
 class Watch:
     """Whether anything but the weights' values changed since it was made: the check on every call.
 
-    Every module's attribute dict and its parameter, buffer, submodule and forward hook registries, the config's
-    fields, torch's global forward hooks and the attribute dicts of the modules' classes are compared with shallow copies (the same objects, so a dict compares
-    by identity, in C); the attribute dicts themselves, the modules' classes likewise; and the tensors fed to the
-    graph by data pointer, shape, stride, dtype and device. A change that bypasses all of these leaves the graph's
-    answer right: a write into the weights' memory is what the graph reads. Every comparison is a `map` over a flat
-    list, run in C (MiniLM: 531 dicts, 103 tensors; docs/performance.md has the cost)."""
+    Made, it leaves the unit's modules with counting registries (the module docstring) and keeps what it compares:
+    every module's attribute dict and its parameter, buffer, submodule and forward hook registries, the config's
+    fields, torch's global forward hooks and the attribute dicts of the modules' and config's classes, each as a
+    shallow copy (the same objects, so a dict compares by identity, in C); the attribute dicts themselves, the
+    modules' classes likewise; and the tensors fed to the graph by data pointer, shape, stride, dtype and device.
 
-    def __init__(self, unit, tensors: list):
+    At each call (`unchanged`): the count (`CHANGES`), the config's fields and class, the attribute dicts of the
+    classes outside the bases every model shares (`_SHARED_BASES`), torch's global forward hooks and the tensors'
+    data pointers and strides (`.data = ...` replaces a tensor's memory or layout unseen by its module; with
+    `counted`, tensors that move
+    the count themselves when their data is replaced, an engine's marker: their class, which torch's swap_tensors
+    changes). Where the count moved, or the watch could not make every registry count (a forward hook set inside
+    when it was made), everything it keeps, as it did before the count was kept. Not seen until the count moves: an
+    attribute written into a module's `__dict__` past nn.Module (`vars(module)[name] = ...`, `object.__setattr__`),
+    a method patched on one of the shared bases, and a tensor narrowed over the same memory and strides
+    (`p.data = p.data[:n]`, whose rows the graph reads as before). A change that bypasses all of these leaves the graph's answer right: a write into the
+    weights' memory is what the graph reads. `before`: the watch this one replaces, whose modules no longer in the
+    unit get their registries back."""
+
+    def __init__(self, unit, tensors: list, before: "Watch | None" = None, counted: bool = False):
+        self.changes = CHANGES  # first: a write while the watch is made moves the count past it
         modules = list(unit.modules())
         configs = {id(m.config): m.config for m in modules if isinstance(getattr(m, "config", None),
-                                                                          transformers.PretrainedConfig)}
-        self.owners = modules + list(configs.values())  # whose attribute dict must stay the same object
+                                                                         transformers.PretrainedConfig)}
+        # Then the registries made to count (after the reads above, which ask them for names they lack).
+        self.counts = all([_count_writes(module) for module in modules])  # every module's, whatever the first says
+        if before is not None:  # modules the last watch left counting that are no longer in the unit
+            inside = set(map(id, modules))
+            stop_counting(module for module in before.modules if id(module) not in inside)
+        self.modules = modules
+        self.configs = list(configs.values())
+        self.owners = modules + self.configs  # whose attribute dict must stay the same object
         self.states = list(map(vars, self.owners))
+        classes = _classes(self.owners)
         self.dicts = self.states + [registry for m in modules for registry in (
             m._parameters, m._buffers, m._modules, m._forward_hooks, m._forward_pre_hooks)] + list(GLOBAL_HOOKS) \
-            + list(map(vars, _classes(self.owners)))  # a method patched on a class (the graph runs the old one)
+            + list(map(vars, classes))  # a method patched on a class (the graph runs the old one)
         self.copies = list(map(dict, self.dicts))
         self.types = list(map(type, self.owners))
-        self.tensors, self.meta = tensors, _tensor_meta(tensors)
+        # What a call compares besides the count: the configs' fields, the classes outside the shared bases.
+        self.config_types = list(map(type, self.configs))
+        self.config_states = list(map(vars, self.configs))
+        self.own = self.config_states + [vars(cls) for cls in classes if cls not in _SHARED_BASES]
+        self.own_copies = list(map(dict, self.own))
+        self.tensors, self.meta, self.counted = tensors, _tensor_meta(tensors), counted
+        self.at_call = list(map(type, tensors)) if counted else self.meta[:2]  # classes, or `_layout`
 
     def unchanged(self) -> bool:
         try:
-            return (all(map(operator.eq, self.dicts, self.copies)) and list(map(type, self.owners)) == self.types
-                    and all(map(operator.is_, map(vars, self.owners), self.states))
-                    and _tensor_meta(self.tensors) == self.meta)
+            if CHANGES != self.changes or GLOBAL_HOOKS[0] or GLOBAL_HOOKS[1] or not self.counts:
+                return self._unchanged_everywhere()
+            return (all(map(operator.eq, self.own, self.own_copies))
+                    and list(map(type, self.configs)) == self.config_types
+                    and all(map(operator.is_, map(vars, self.configs), self.config_states))
+                    and (list(map(type, self.tensors)) if self.counted else _layout(self.tensors)) == self.at_call)
         except (RuntimeError, ValueError):  # an attribute replaced by a tensor or array: == is elementwise
             return False
+
+    def _unchanged_everywhere(self) -> bool:
+        """Everything the watch keeps compared with what it kept; where nothing changed, the count the next calls
+        compare with is the one read before comparing."""
+        changes = CHANGES
+        if not (all(map(operator.eq, self.dicts, self.copies)) and list(map(type, self.owners)) == self.types
+                and all(map(operator.is_, map(vars, self.owners), self.states))
+                and _tensor_meta(self.tensors) == self.meta):
+            return False
+        self.changes = changes
+        return True
+
+    def release(self) -> None:
+        """The unit's modules get their plain registries back (the engine gives the unit back)."""
+        stop_counting(self.modules)
 
 
 def _classes(objects) -> list:
@@ -77,10 +212,14 @@ def class_code(unit) -> dict:
             for cls in _classes(unit.modules())}
 
 
+def _layout(tensors: list) -> tuple:
+    """Where each tensor's memory is and how it is laid out: what `.data = ...` changes unseen by its module."""
+    return list(map(torch.Tensor.data_ptr, tensors)), list(map(torch.Tensor.stride, tensors))
+
+
 def _tensor_meta(tensors: list) -> tuple:
     with torch._C.DisableTorchFunctionSubclass():  # an engine's marker (holding.HeldMarker) is read as a tensor
-        return (list(map(torch.Tensor.data_ptr, tensors)), list(map(torch.Tensor.stride, tensors)),
-                list(map(_META, tensors)))
+        return (*_layout(tensors), list(map(_META, tensors)))
 
 
 def run_by_a_call(name: str) -> bool:

@@ -30,7 +30,7 @@ import torch
 
 from .. import choice
 from ..attached import Engine
-from ..batches import PROBE_TOLERANCE, probe, serve
+from ..batches import PROBE_TOLERANCE, Rules, probe, serve
 from ..cache import GraphCache, cache_key, export_graph, graph_io, written_key
 from ..watch import Watch, class_code, difference, hooked, structure_of
 
@@ -92,12 +92,14 @@ class OnnxEncoder(Engine):
         if any(name not in named or list(named[name].shape) != shapes[name] for name in self.weights):
             raise ValueError(f"This graph reads weights {type(unit).__name__} does not have.")
         self.outputs = tuple(o.name for o in session.get_outputs())
-        self.state = None  # (Watch, {weight name: numpy view} or None where PyTorch must run), from `_verify`
+        self.state = None  # (Watch, {weight name: numpy view} and Rules, or None where PyTorch must run): `_verify`
         self.warned = False
         # Per request size: ONNX Runtime (the challenger) or PyTorch, whichever measured faster (../choice.py).
         self.choice = choice.engine_or_pytorch("onnxruntime")
 
     def give_back(self) -> None:
+        if self.state is not None:
+            self.state[0].release()  # the unit's modules get their plain registries back
         vars(self.unit).pop("forward", None)
 
     def __deepcopy__(self, memo):
@@ -143,32 +145,37 @@ class OnnxEncoder(Engine):
     def __call__(self, *args, **kwargs):
         if self.code is None:  # the first call after unpickling
             self._reattach()
-        # Keyword calls (every Hugging Face caller's) need no binding: 6 us of a 3 ms request.
+        # Keyword calls (every Hugging Face caller's) need no binding (`Signature.bind` walks the parameters in Python).
         arguments = self.signature.bind(*args, **kwargs).arguments if args else kwargs
-        return serve(self.unit.config, arguments, self.token_types, self.choice, self._engine,
-                     functools.partial(self.forward, *args, **kwargs), prepare=self._weights)
+        pytorch = functools.partial(self.forward, *args, **kwargs)
+        weights, rules = self._weights()
+        if weights is None:
+            return pytorch()
+        return serve(rules, arguments, token_types=self.token_types, decisions=self.choice,
+                     engine=functools.partial(self._engine, weights), pytorch=pytorch)
 
-    def _weights(self, feeds: dict):
-        """The weights to feed beside the request's `feeds` (checked in numpy by `batches.serve`: torch ops right
-        before ONNX Runtime's call cost 0.5-0.7 ms after an idle moment, bert-base 1 x 16 on AMD Zen 4, nearly what
-        numpy spends on the whole look), or None where PyTorch must run the call."""
+    def _weights(self) -> tuple:
+        """(the weights to feed beside the request, as numpy views; the rules the request is read against), after the
+        check of every change, or (None, None) where PyTorch must run the call. Read before the request, so that a
+        config change (hidden states asked for) is seen by the call that follows it."""
         state = self.state
         if state is None or not state[0].unchanged():
             state = self.state = self._verify()
-        watch, weights = state
+        watch, weights, rules = state
         if weights is None or (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, watch.tensors))):
-            return None
-        return weights
+            return None, None
+        return weights, rules
 
-    def _engine(self, weights: dict, dense: bool):
+    def _engine(self, weights: dict, feeds: dict, dense: bool):
         """(run, output names, dtype) for `batches.serve`: ONNX Runtime's session fed `weights`; one call for every
         path."""
         return (lambda feeds: self.session.run(None, feeds | weights)), self.outputs, torch.float32
 
     def _verify(self) -> tuple:
-        """(watch, weights): the unit compared by value with what the graph was traced from, and where it is the
-        same, its weights as numpy views (no copy) for the graph's inputs; None where PyTorch must run."""
-        unit = self.unit
+        """(watch, weights, rules): the unit compared by value with what the graph was traced from, and where it is
+        the same, its weights as numpy views (no copy) for the graph's inputs, and what a request is read against
+        (`batches.Rules`); weights None where PyTorch must run."""
+        unit, before = self.unit, self.state[0] if self.state is not None else None
         structure, code = structure_of(unit), class_code(unit)
         if structure != self.structure or code != self.code:
             if not self.warned:
@@ -179,15 +186,16 @@ class OnnxEncoder(Engine):
                 warnings.warn(f"{type(unit).__name__} changed after use_onnx_runtime traced it "
                               f"({changed}): it runs in PyTorch. Call "
                               f"hf_vanilla.runtimes.onnxruntime.use_onnx_runtime(model) again to run it on ONNX "
-                              f"Runtime.", stacklevel=6)
+                              f"Runtime.", stacklevel=5)
                 self.warned = True
-            return Watch(unit, []), None
+            return Watch(unit, [], before=before), None, None
         named = dict(named_tensors(unit))
         tensors = [named[name] for name in self.weights]
-        watch = Watch(unit, tensors)
+        watch = Watch(unit, tensors, before=before)
         if hooked(unit) or any(module.training for module in unit.modules()) or not all(map(_feedable, tensors)):
-            return watch, None  # hooks to run, training, weights moved off float32 CPU memory: documented, no warning
-        return watch, {name: tensor.detach().numpy() for name, tensor in zip(self.weights, tensors)}
+            return watch, None, None  # hooks to run, training, weights moved off float32 CPU memory: no warning
+        return (watch, {name: tensor.detach().numpy() for name, tensor in zip(self.weights, tensors)},
+                Rules.of(unit.config))
 
     def probe(self) -> float:
         """How far ONNX Runtime's answer is from PyTorch's at attach (`batches.probe`), fed the unit's weights."""
