@@ -345,6 +345,29 @@ class BatchPlan:
         return hidden_states.flatten(0, 1)[_starts(self.sequences).flatten().nonzero().squeeze(1)]
 
 
+def plan_batch(*, tokens, position_ids, attention_mask, packed_format, past_length, cached, output_attentions,
+               outputs_at_padding, encoder_hidden_states, encoder_attention_mask, encoder_position_ids,
+               positions) -> BatchPlan:
+    """A stack's batch plan, made once per forward: each token's sequence and position, and where the padding-free
+    path runs (`can_pack`), where the tokens of each sequence (and of its source) sit. `positions(position_ids,
+    sequences, past_length, shape=, device=)` is the stack's rule for each token's row in its position table."""
+    shape = tuple(tokens.shape[:2])
+    sequences, encoder_sequences = batch_sequences(
+        shape, position_ids, attention_mask, packed_format=packed_format, past_length=past_length,
+        encoder_hidden_states=encoder_hidden_states, encoder_position_ids=encoder_position_ids,
+        encoder_attention_mask=encoder_attention_mask)
+    plan = BatchPlan(shape, positions(position_ids, sequences, past_length, shape=shape, device=tokens.device),
+                     sequences, encoder_sequences)
+    if not (can_pack(attention_mask, sequences, output_attentions, cached=cached, outputs_at_padding=outputs_at_padding)
+            and (encoder_hidden_states is None or can_pack_source(encoder_attention_mask))):
+        return plan
+    packed = PackedBatch(shape, attention_mask if sequences is None else None, sequences)
+    source = None if encoder_hidden_states is None else PackedBatch(  # no mask: every source token is a key
+        encoder_hidden_states.shape[:2], encoder_attention_mask, encoder_sequences, encoder_hidden_states.device)
+    plan.packed, plan.source = neighbours(packed, source)
+    return plan
+
+
 def attend_within_sequences(attention_fn, module, query, key, value, seq_lens, key_lens, causal, dropout, scaling):
     """Attention for sequences laid end to end: query (N, H, D), key, value (M, H, D) -> context (N, H*D).
 

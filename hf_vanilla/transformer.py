@@ -40,8 +40,7 @@ from transformers.utils import TransformersKwargs
 from .compat import CACHE_FIELD, cache_field, flex_attention_forward
 from .kernels import VanillaLinear, is_tracing
 from .masks import attends, has_padding, padded_path_masks
-from .packing import (BatchPlan, PackedBatch, attend_within_sequences, batch_sequences, can_pack, can_pack_source,
-                      neighbours, positions_within)
+from .packing import attend_within_sequences, plan_batch, positions_within
 from .validation import check_inputs, positions_counted_from_zero, self_attention_cache
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -356,7 +355,7 @@ class VanillaDecoderLayer(VanillaEncoderLayer):
 class VanillaStack(nn.Module):
     """Embeddings followed by N identical layers: the encoder (section 3.1, left) or the decoder (right).
 
-    Its forward reads as BertModel's: the input checked (validation.py), the batch planned once (packing.BatchPlan:
+    Its forward reads as BertModel's: the input checked (validation.py), the batch planned once (packing.plan_batch:
     sequences, positions, which path), embeddings, the padded path's masks (masks.py), then the layers. A batch of
     sequences of different lengths runs padding-free (packing.py): embeddings, projections and feed-forward on its
     real tokens only, attention within each sequence (causal in the decoder; cross-attention to the same sequence's
@@ -390,10 +389,9 @@ class VanillaStack(nn.Module):
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 outputs_at_padding: bool = False, **kwargs: Unpack[TransformersKwargs],
                 ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """Checks, the batch's plan, embeddings, masks, then the N layers. Returns a ModelOutput (generate needs one of
-        the encoder) carrying the plan as `plan` (packing.BatchPlan), outside tracing. `kwargs` may hold transformers'
-        packed-format keywords (packing.sequence_ids); `encoder_position_ids` tell packed source sequences apart.
-        `outputs_at_padding`: the caller reads the padding positions' outputs as the padded path computes them."""
+        """Checks, the batch's plan, embeddings, masks, then the N layers: a ModelOutput carrying the plan as `plan`
+        outside tracing. `kwargs` may hold transformers' packed-format keywords; `encoder_position_ids` tell packed
+        sources apart; `outputs_at_padding`: the caller reads the padding's outputs as the padded path computes them."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -406,11 +404,12 @@ class VanillaStack(nn.Module):
                      past_length=past_length, cache=cache, encoder_hidden_states=encoder_hidden_states,
                      encoder_attention_mask=encoder_attention_mask, packed_format=kwargs,
                      dtype=self.layers[0].self_attn_norm.weight.dtype)  # the token table's may be int8
-        plan = self._plan(tokens=input_ids if input_ids is not None else inputs_embeds, position_ids=position_ids,
-                          attention_mask=attention_mask, packed_format=kwargs, past_length=past_length,
-                          cached=past_key_values is not None, output_attentions=output_attentions,
-                          outputs_at_padding=outputs_at_padding, encoder_hidden_states=encoder_hidden_states,
-                          encoder_attention_mask=encoder_attention_mask, encoder_position_ids=encoder_position_ids)
+        plan = plan_batch(tokens=input_ids if input_ids is not None else inputs_embeds, positions=self._positions,
+                          position_ids=position_ids, attention_mask=attention_mask, packed_format=kwargs,
+                          past_length=past_length, cached=past_key_values is not None,
+                          output_attentions=output_attentions, outputs_at_padding=outputs_at_padding,
+                          encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
+                          encoder_position_ids=encoder_position_ids)
         hidden_states = self._embed(plan, input_ids, token_type_ids, inputs_embeds, attention_mask=attention_mask)
         sdpa = not output_attentions and config._attn_implementation == "sdpa"  # the kernel the masks are made for
         mask, cross_mask = padded_path_masks(plan, attention_mask, encoder_attention_mask, past_length=past_length,
@@ -442,27 +441,6 @@ class VanillaStack(nn.Module):
         if not is_tracing():  # not a field: no tuple or dict of the output holds it, and a graph returns tensors
             output.plan = plan
         return output
-
-    def _plan(self, *, tokens, position_ids, attention_mask, packed_format, past_length, cached, output_attentions,
-              outputs_at_padding, encoder_hidden_states, encoder_attention_mask, encoder_position_ids) -> BatchPlan:
-        """The batch's plan (packing.BatchPlan), made once: each token's sequence and position, and where the
-        padding-free path runs (packing.can_pack), where the tokens of each sequence (and of its source) sit."""
-        shape = tuple(tokens.shape[:2])
-        sequences, encoder_sequences = batch_sequences(
-            shape, position_ids, attention_mask, packed_format=packed_format, past_length=past_length,
-            encoder_hidden_states=encoder_hidden_states, encoder_position_ids=encoder_position_ids,
-            encoder_attention_mask=encoder_attention_mask)
-        positions = self._positions(position_ids, sequences, past_length, shape=shape, device=tokens.device)
-        plan = BatchPlan(shape, positions, sequences, encoder_sequences)
-        if not (can_pack(attention_mask, sequences, output_attentions, cached=cached,
-                         outputs_at_padding=outputs_at_padding)
-                and (encoder_hidden_states is None or can_pack_source(encoder_attention_mask))):
-            return plan
-        packed = PackedBatch(shape, attention_mask if sequences is None else None, sequences)
-        source = None if encoder_hidden_states is None else PackedBatch(  # no mask: every source token is a key
-            encoder_hidden_states.shape[:2], encoder_attention_mask, encoder_sequences, encoder_hidden_states.device)
-        plan.packed, plan.source = neighbours(packed, source)
-        return plan
 
     def _positions(self, position_ids, sequences, past_length, *, shape, device):
         """Each token's row in the position table, (B, T). Without `position_ids`, tokens count from the cache's

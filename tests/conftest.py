@@ -103,16 +103,16 @@ def scripted_clock(monkeypatch):
 
 @pytest.fixture
 def packed_batches(monkeypatch):
-    """A list that grows by one each time the model packs a batch (hf_vanilla.transformer's PackedBatch is made):
-    which path a forward took."""
-    import hf_vanilla.transformer as transformer_module
+    """A list that grows by one each time the model packs a batch (packing.plan_batch makes a PackedBatch): which
+    path a forward took."""
+    from hf_vanilla import packing
 
     made = []
 
-    class Recorded(transformer_module.PackedBatch):
+    class Recorded(packing.PackedBatch):
         def __init__(self, *args):
             made.append(1)
             super().__init__(*args)
 
-    monkeypatch.setattr(transformer_module, "PackedBatch", Recorded)
+    monkeypatch.setattr(packing, "PackedBatch", Recorded)
     return made
