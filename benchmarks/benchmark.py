@@ -28,6 +28,7 @@ products, attention kernels, other ops, and the rest of the wall time (Python an
 """
 
 import argparse
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -474,6 +475,38 @@ def git_revision():
         return commit + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown commit"
+
+
+# Server CPUs by (vendor, family, model range): a virtual machine's model name is often the vendor's line alone.
+MICROARCHITECTURES = [
+    ("AuthenticAMD", 23, range(0, 256), "Zen 2"), ("AuthenticAMD", 25, range(0, 16), "Zen 3"),
+    ("AuthenticAMD", 25, range(16, 32), "Zen 4"), ("AuthenticAMD", 25, range(160, 176), "Zen 4c"),
+    ("AuthenticAMD", 26, range(0, 256), "Zen 5"), ("GenuineIntel", 6, range(85, 86), "Skylake / Cascade Lake"),
+    ("GenuineIntel", 6, range(106, 107), "Ice Lake"), ("GenuineIntel", 6, range(143, 144), "Sapphire Rapids"),
+    ("GenuineIntel", 6, range(207, 208), "Emerald Rapids"), ("GenuineIntel", 6, range(173, 174), "Granite Rapids"),
+]
+
+
+def cpu_description() -> str:
+    """The CPU as a kept run names it (benchmarks/report.py renders it): the vendor's name, its microarchitecture
+    (from the family and model, where listed above), the cores this process may run on, and the instructions the
+    engines' choices depend on."""
+    from hf_vanilla.precision import cpu_capabilities, cpu_name
+
+    info = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    vendor, family, model = info.get("vendor_id", ""), info.get("cpu family", ""), info.get("model", "")
+    known = [name for v, f, models, name in MICROARCHITECTURES
+             if v == vendor and family.isdigit() and model.isdigit() and int(family) == f and int(model) in models]
+    found = cpu_capabilities()
+    vectors = "AVX-512" if found["avx512"] else "AVX2" if found["avx2"] else "no AVX2"
+    extras = [name for name in ("avx512_bf16", "avx512_vnni", "avx_vnni") if found[name]]
+    return (f"{cpu_name() or 'unknown CPU'} {known[0] if known else ''} (family {family or '?'} model {model or '?'}), "
+            f"{len(os.sched_getaffinity(0))} cores ({', '.join([vectors, *extras, 'AMX' if found['amx'] else 'no AMX'])})"
+            ).replace("  ", " ")
 
 
 def environment(device):

@@ -151,6 +151,7 @@ sys.path[:0] = [str(HERE.parent)]  # `conversion`
 from benchmark import (  # noqa: E402
     GENERATION_SIZES,
     bert2bert,
+    cpu_description,
     encoder_batch,
     environment,
     git_revision,
@@ -982,14 +983,12 @@ def kept_name(engine) -> str:
 
 
 def run_record(results, settles, threads) -> dict:
-    """The run as benchmarks/charts.py reads it: the machine, commit and command; `float32`, case -> engine ->
+    """The run as benchmarks/report.py and charts.py read it: the machine, commit and command; `float32`, case -> engine ->
     [speed-up over transformers fp32, one per timing method, steady calls]; `ours`, which of those engines are
     hf_vanilla's; `precision.points`, each reduced-precision engine's speed-up (the first timing method) and its
     accuracy against transformers fp32 (lowest token cosine, or share of equal generated tokens); and, where they were
     timed, `first_requests`: its `method`, and case -> engine (every precision) -> the first requests' `speedup` and
     their cost `over_steady` (see the module docstring)."""
-    from hf_vanilla.precision import cpu_name
-
     float32, points = {}, []
     for case, engines, reference in (r for r in results if len(r) == 3):
         timed = [e for e in engines if e is not reference]
@@ -1000,7 +999,7 @@ def run_record(results, settles, threads) -> dict:
                     "cosine": round(fidelity(reference, e, case.lengths), 5)} for e in timed if e.precision != "fp32"]
     commit = git_revision()
     ours = [KEPT_NAMES.get(name, name) for name in FP32_COLUMNS if name in OURS]
-    record = {"cpu": f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores", "machine": cpu_header(threads),
+    record = {"cpu": cpu_description(), "machine": cpu_header(threads),
               "date": time.strftime("%Y-%m-%d"), "commit": commit, "command": " ".join(["python", *sys.argv]),
               "methods": [settle_text(s) for s in settles], "float32": float32, "ours": ours,
               "precision": {"commit": commit, "points": points}}

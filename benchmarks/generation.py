@@ -553,11 +553,11 @@ def contenders_for(args) -> list:
 def run_record(args, header: list, contenders: list, records: dict, cold_rows: list) -> dict:
     """The run as --output keeps it: the machine, commit and command, the model, each contender's status (and why it
     did not run), each case's figures (`case_record`) and the cold start."""
-    from benchmark import git_revision
-    from hf_vanilla.precision import cpu_capabilities, cpu_name
+    from benchmark import cpu_description, git_revision
+    from hf_vanilla.precision import cpu_capabilities
 
     return {
-        "cpu": f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores", "machine": header,
+        "cpu": cpu_description(), "machine": header,
         "capabilities": cpu_capabilities(), "threads": args.threads, "date": time.strftime("%Y-%m-%d"),
         "commit": git_revision(), "command": " ".join(["python", *sys.argv]),
         "model": {"layers": args.layers, "width": args.width, "heads": HEADS, "ffn": 4 * args.width,

@@ -111,14 +111,17 @@ def generation_block(kept: list) -> str:
         parts += [*title, line + f"; {run['threads']} threads; a Marian-shaped model, "
                   f"{model['layers']} + {model['layers']} layers, E={model['width']}, {model['vocab']} words, random "
                   f"weights; {run['method']}.", ""]
+        absent = [f"{name} ({c['status']}: {c['reason'].split(' (')[0]})" for name, c in run["contenders"].items()
+                  if c["status"] != "ran"]
+        parts += [f"Not in this run: {'; '.join(absent)}.", ""] if absent else []
         for case, record in run["cases"].items():
             parts += [f"{case}: {record['description']}, {record['new_tokens']} new tokens a row.", "",
                       "| contender | first calls, ms | steady ms | speed-up over transformers | "
-                      "/ CTranslate2 at its precision | tokens equal to transformers fp32 |", "|---|---:|---:|---:|---:|---:|"]
+                      "against CTranslate2 at its precision | tokens equal to transformers fp32 |", "|---|---:|---:|---:|---:|---:|"]
             for name, figures in record["contenders"].items():
                 if "steady_ms" not in figures:
-                    status, reason = next(iter(figures.items()))
-                    parts.append(f"| {name} | {status}: {reason.split(':')[0]} | | | | |")
+                    if "failed" in figures:
+                        parts.append(f"| {name} | failed: {figures['failed'].splitlines()[0]} | | | | |")
                     continue
                 first = ", ".join(f"{ms:.0f}" for ms in figures["first_calls_ms"])
                 tokens = "-" if figures["tokens_equal"] is None else f"{100 * figures['tokens_equal']:.1f}%"
@@ -171,7 +174,8 @@ WHICH_PATH = [
 
 
 def short_cpu(run: dict) -> str:
-    return run["cpu"].split(",")[0].replace("AMD EPYC ", "").replace("Intel ", "")
+    """The CPU's microarchitecture where the run names it ("Zen 4"), else its name."""
+    return run["cpu"].split(",")[0].split(" (")[0].replace("AMD EPYC ", "").replace("Intel ", "")
 
 
 def backing(kind: str, engine, cases, kept: dict) -> str:

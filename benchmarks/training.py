@@ -446,9 +446,9 @@ def main(argv=None):
     results = [result for name in names
                for result in run_case(name, args.rounds, torch.Generator().manual_seed(0), precisions)]
     if args.json:
-        from benchmark import git_revision
+        from benchmark import cpu_description, git_revision
 
-        provenance = {"cpu": f"{cpu['cpu']}, {len(os.sched_getaffinity(0))} cores ({cpu['vectors']})",
+        provenance = {"cpu": cpu_description(),
                       "date": time.strftime("%Y-%m-%d"), "commit": git_revision(),
                       "command": " ".join(["python", *sys.argv])}  # as benchmarks/report.py renders a run
         args.json.write_text(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
