@@ -1,14 +1,15 @@
 """Greedy and beam-search decoding for the generative models, behind `generate()`: the loop as its arithmetic.
 
 transformers' `generate` calls the model's whole forward (checks, plan, masks, a cache grown by concatenation) for
-every new token. Here `generate` prepares as transformers does (generation config, encoder pass, processors, stopping
-criteria) and hands the loop to this module where it covers the request, else to transformers' own loop. Its step
-writes self-attention keys and values into a cache allocated once, where they stay (reordering beams rewrites which
-slots each beam reads: `CachedDecoder`, hf_vanilla/cached_decoder.py); computes cross-attention keys and values once per source, the beams of a
-source reading them side by side; and calls the decoder's own modules on the new token of every row, so it reads the
-live weights at every call and keeps nothing derived from the model (int8 and bf16 models take the same step). The
-loops are whole-batch tensor operations, step for step those of transformers' `_sample` and `_beam_search`: the same
-scores, processors and top-k (exactly equal scores aside, `_top_k`), hence transformers' tokens.
+every new token. Here `generate` prepares as transformers does (generation config, encoder pass, processors,
+stopping criteria) and hands the loop to this module where it covers the request, else to transformers' own loop.
+Its step writes self-attention keys and values into a cache allocated once, where they stay (reordering beams
+rewrites which slots each beam reads: `CachedDecoder`, hf_vanilla/cached_decoder.py); computes cross-attention keys
+and values once per source, the beams of a source reading them side by side; and calls the decoder's own modules on
+the new token of every row, so it reads the live weights at every call and keeps nothing derived from the model
+(int8 and bf16 models take the same step). The loops are whole-batch tensor operations, step for step those of
+transformers' `_sample` and `_beam_search`: the same scores, processors and top-k (exactly equal scores aside,
+`_top_k`), hence transformers' tokens.
 
 Covered: the seq2seq model and both causal LMs in eval mode with "sdpa" or "eager" attention, greedy and beam search
 with the processors a generation config implies (`plan`, `covered_processors`); the table of what is covered and
@@ -101,7 +102,7 @@ def decoder_of(model):
 class Run:
     """One generation: the decoder with its cache, the prompt, and what the loop reads from the generation config."""
 
-    def __init__(self, decoder, input_ids, processors, max_length, eos, pad, config):
+    def __init__(self, decoder, input_ids, *, processors, max_length, eos, pad, config):
         self.decoder, self.input_ids, self.processors = decoder, input_ids, processors
         self.max_length, self.eos, self.pad = max_length, eos, pad  # eos: (n,) ids or None; pad: an id or None
         self.beams, self.num_return_sequences = config.num_beams, config.num_return_sequences
@@ -144,7 +145,7 @@ def plan(model, input_ids, *, logits_processor, stopping_criteria, config, model
     if decoder is None or decoder.cache is None:
         return None
     pad = config.pad_token_id if config.pad_token_id is not None or eos is None else int(eos[0])
-    return Run(decoder, input_ids, processors, max_length, eos, pad, config)
+    return Run(decoder, input_ids, processors=processors, max_length=max_length, eos=eos, pad=pad, config=config)
 
 
 class Ban:

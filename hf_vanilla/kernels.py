@@ -81,7 +81,8 @@ CALIBRATION_CALLS = 6  # timed calls of each kernel per shape
 MIN_GAIN = 1.05  # oneDNN must be this many times faster (median against median) for a key to leave F.linear
 MAX_ROWS_BUCKET = 1024  # row counts above it share one key: there the kernels' ratio no longer moves with rows
 # oneDNN (the challenger) or F.linear, per key: see the module docstring and hf_vanilla/measure.py.
-CHOICE = MeasuredChoice("linear kernel: oneDNN?", ("blas", "onednn"), "onednn", CALIBRATION_CALLS, MIN_GAIN)
+CHOICE = MeasuredChoice("linear kernel: oneDNN?", ("blas", "onednn"), challenger="onednn", calls=CALIBRATION_CALLS,
+                        min_gain=MIN_GAIN)
 
 
 _PAUSED = threading.local()  # `paused`: True inside `pinned()` in this thread

@@ -374,7 +374,8 @@ class VanillaStack(nn.Module):
         else:
             num_layers, heads, ffn = config.num_hidden_layers, config.num_attention_heads, config.intermediate_size
         if is_decoder:
-            layers = (VanillaDecoderLayer(config, i, heads, ffn, cross_attention) for i in range(num_layers))
+            layers = (VanillaDecoderLayer(config, i, heads, ffn, cross_attention=cross_attention)
+                      for i in range(num_layers))
         else:
             layers = (VanillaEncoderLayer(config, i, heads, ffn) for i in range(num_layers))
         self.layers = nn.ModuleList(layers)

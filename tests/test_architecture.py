@@ -125,14 +125,14 @@ def test_modules_and_functions_stay_readable():
 
 
 def test_calls_of_our_functions_name_their_arguments():
-    """No call of a function or method defined in hf_vanilla/ or conversion/ passes five or more arguments by
-    position (a `*args` splat counts as one): such a call depends on the order of a signature, and a reordering
+    """No call of a function, method or class defined in hf_vanilla/ or conversion/ passes five or more arguments
+    by position (a `*args` splat counts as one): such a call depends on the order of a signature, and a reordering
     silently miswires it (shared/STYLE.md: arguments by name past the first two or three). Calls on torch, F, nn and
     np are theirs, whatever the name."""
     sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "conversion").rglob("*.py")]
     trees = {path: ast.parse(path.read_text()) for path in sources}
     ours = {node.name for tree in trees.values() for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     positional = []
     for path, tree in trees.items():
         for node in ast.walk(tree):

@@ -62,15 +62,15 @@ def _encoder(name: str, title: str, model_types: tuple) -> tuple:
     (tests/test_cli.py holds the two to the format modules)."""
     return (
         Conversion(name, f"a transformers {title} checkpoint -> a vanilla encoder",
-                   f"Hub id or local {title} checkpoint directory",
-                   f"skip the layer-by-layer comparison with transformers' {title}", name, options=(
+                   source_help=f"Hub id or local {title} checkpoint directory",
+                   verify_help=f"skip the layer-by-layer comparison with transformers' {title}", module=name, options=(
                        Option("head", "auto", "which model to build; auto follows the source's `architectures`",
                               ("auto", *converter_heads(name))),
                        _dtype())),
         Conversion(f"to-{name}", f"a vanilla encoder checkpoint -> a transformers {title} checkpoint",
-                   "vanilla encoder checkpoint directory",
-                   f"skip loading the written {title} with transformers and comparing it with the source", name,
-                   reverse=True, options=(
+                   source_help="vanilla encoder checkpoint directory",
+                   verify_help=f"skip loading the written {title} with transformers and comparing it with the source",
+                   module=name, reverse=True, options=(
                        _dtype(None, "dtype of the saved weights (default: as stored, which makes the round trip "
                                     "exact)"),
                        Option("model_type", model_types[0], "the model_type to write", model_types))),
@@ -79,14 +79,15 @@ def _encoder(name: str, title: str, model_types: tuple) -> tuple:
 
 def _seq2seq(name: str, help: str, source_help: str, module: str, attribute: str = "FORMAT",
              options: tuple = ()) -> Conversion:
-    return Conversion(name, help, source_help, "skip the comparison with the transformers model", module, attribute,
+    return Conversion(name, help, source_help=source_help,
+                      verify_help="skip the comparison with the transformers model", module=module, attribute=attribute,
                       options=(_dtype(), *options))
 
 
 def _back(name: str, title: str, help: str) -> Conversion:
-    return Conversion(f"to-{name}", help, "vanilla encoder-decoder checkpoint directory",
-                      f"skip loading the written {title} with transformers and comparing it with the source", name,
-                      reverse=True)
+    return Conversion(f"to-{name}", help, source_help="vanilla encoder-decoder checkpoint directory",
+                      verify_help=f"skip loading the written {title} with transformers and comparing it with the "
+                                  "source", module=name, reverse=True)
 
 
 # In the order `--help` lists them.

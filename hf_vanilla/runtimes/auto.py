@@ -103,8 +103,7 @@ def use_auto(model, precision: str = "f32", threads: int | None = None, cache_di
         left_out |= {path.name: text for path in paths if path.precision != "f32"}
         paths = [path for path in paths if path.precision == "f32"]
     if len(paths) == 1:  # PyTorch alone: nothing to measure, nothing to keep
-        _CHOICES[model] = AutoChoice("pytorch", precision, {}, {}, {}, "", left_out, 0.0, _cpu(), None, True, False,
-                                     None)
+        _CHOICES[model] = AutoChoice.pytorch_alone(precision, left_out, _cpu())
         logger.info("runtime='auto': eager PyTorch (no engine installed: %s)", "; ".join(left_out.values()))
         return model
     file = decision_file(model, precision, threads, paths=paths, cache_dir=cache_dir, batches=batches)
@@ -228,9 +227,10 @@ def _measure(model, precision, threads, *, cache_dir, paths, left_out, batches, 
     effective = {name: {request: _effective(name, request, times) for request in inputs} for name in times}
     chosen, margin = _choose(effective)
     split = _split(chosen, precision, models, inputs=inputs, effective=effective)
-    record = AutoChoice(chosen, precision, _ms(effective), _ms(times), accuracy, sample if accuracy else "",
-                        left_out, time.perf_counter() - started, _cpu(), margin,
-                        margin is None or margin >= NOISE, False, None, split)
+    record = AutoChoice(chosen, precision, times_ms=_ms(effective), engine_ms=_ms(times), accuracy=accuracy,
+                        sample=sample if accuracy else "", left_out=left_out,
+                        measured_s=time.perf_counter() - started, cpu=_cpu(), margin=margin,
+                        settled=margin is None or margin >= NOISE, cached=False, file=None, split=split)
     logger.info("runtime='auto': measured %d paths in %.2f s (%.2f s attaching them, %.2f s timing): %s; ms short / "
                 "padded: %s", len(times), record.measured_s, attached, record.measured_s - attached, chosen,
                 ", ".join(f"{name} {ms['short']:.2f} / {ms['padded']:.2f}" for name, ms in record.times_ms.items()))

@@ -50,8 +50,8 @@ CHOICE_MIN_GAIN = 1.05  # the engine must be this much faster: noise can only le
 
 def engine_or_pytorch(engine: str) -> measure.MeasuredChoice:
     """A fresh choice between PyTorch (timed first) and `engine` (the challenger), per request size."""
-    return measure.MeasuredChoice(f"runtime: {engine}?", ("pytorch", engine), engine, CHOICE_CALLS,
-                                  CHOICE_MIN_GAIN, warmup=1, clear=CHOICE_CLEAR)
+    return measure.MeasuredChoice(f"runtime: {engine}?", ("pytorch", engine), challenger=engine, calls=CHOICE_CALLS,
+                                  min_gain=CHOICE_MIN_GAIN, warmup=1, clear=CHOICE_CLEAR)
 
 
 def measures(precision: str, dense: bool) -> bool:

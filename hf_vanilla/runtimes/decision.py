@@ -63,14 +63,14 @@ _ONNX = ("onnx", "onnxscript")
 # In order of preference at a tie: fewer restrictions first (hf_vanilla/runtimes/auto.py says why).
 PATHS = (
     Path("pytorch", None),
-    Path("onnxruntime", "onnxruntime", (), "f32", ("onnxruntime", *_ONNX)),
-    Path("onnxruntime owned", "onnxruntime", (("owned", True),), "f32", ("onnxruntime", *_ONNX)),
-    Path("openvino", "openvino", (), "f32", ("openvino", *_ONNX)),
+    Path("onnxruntime", "onnxruntime", (), "f32", packages=("onnxruntime", *_ONNX)),
+    Path("onnxruntime owned", "onnxruntime", (("owned", True),), "f32", packages=("onnxruntime", *_ONNX)),
+    Path("openvino", "openvino", (), "f32", packages=("openvino", *_ONNX)),
     Path("pytorch bf16", None, (), "bf16"),
     Path("onnxruntime owned int8", "onnxruntime", (("owned", True), ("precision", "int8")), "int8",
-         ("onnxruntime", *_ONNX)),
-    Path("openvino int8", "openvino", (("precision", "int8"),), "int8", ("openvino", *_ONNX)),
-    Path("openvino bf16", "openvino", (("precision", "bf16"),), "bf16", ("openvino", *_ONNX)),
+         packages=("onnxruntime", *_ONNX)),
+    Path("openvino int8", "openvino", (("precision", "int8"),), "int8", packages=("openvino", *_ONNX)),
+    Path("openvino bf16", "openvino", (("precision", "bf16"),), "bf16", packages=("openvino", *_ONNX)),
 )
 BY_NAME = {path.name: path for path in PATHS}
 
@@ -105,6 +105,12 @@ class AutoChoice:
     file: str | None  # the JSON file the decision is kept in (None: no writable cache folder)
     split: dict | None = None  # {"tokens": n, "path": name}: requests of n real tokens or more answered by path
     # `name` beside the chosen engine (hf_vanilla/runtimes/auto.py, `_split`); None: the chosen path alone
+
+    @classmethod
+    def pytorch_alone(cls, precision: str, left_out: dict, cpu: dict) -> "AutoChoice":
+        """The record where no engine is installed: eager PyTorch, nothing measured, nothing kept."""
+        return cls("pytorch", precision, times_ms={}, engine_ms={}, accuracy={}, sample="", left_out=left_out,
+                   measured_s=0.0, cpu=cpu, margin=None, settled=True, cached=False, file=None)
 
 
 def requests(config) -> dict:

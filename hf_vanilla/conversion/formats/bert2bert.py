@@ -347,7 +347,8 @@ class WarmStart:
         print(f"Cross-attention: freshly initialised (N(0, {bert_config.get('initializer_range', 0.02)}), seed "
               f"{seed}).")
         ids = {"decoder_start_token_id": start, "bos_token_id": start, "eos_token_id": eos, "pad_token_id": pad}
-        return WarmStartSource(source_dir, bert_tensors, tensors, encoder_config, decoder_config, config, ids)
+        return WarmStartSource(source_dir, bert_tensors=bert_tensors, tensors=tensors, encoder_config=encoder_config,
+                               decoder_config=decoder_config, config=config, ids=ids)
 
     @staticmethod
     def build(source: WarmStartSource):

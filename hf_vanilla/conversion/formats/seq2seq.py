@@ -111,7 +111,7 @@ class Seq2SeqFormat:
     def read(self, source_dir: Path, source_config: dict) -> Source:
         head = self.head_for(source_config)
         ids = generation_ids(source_dir, source_config)
-        return Source(source_dir, source_config, load_tensors(source_dir), head, ids)
+        return Source(source_dir, source_config, tensors=load_tensors(source_dir), head=head, ids=ids)
 
     def build(self, source: Source):
         model = self.to_vanilla(source.tensors, source.config, source.head, f"{source.directory}/config.json")
