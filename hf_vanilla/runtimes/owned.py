@@ -1,58 +1,26 @@
 """An engine that owns the weights it compiled: what OpenVINO (`runtime="openvino"`) and ONNX Runtime holding its
 weights (`runtime="onnxruntime", runtime_options={"owned": True}`) share. Each engine's own module says what it
-compiles and how it runs it (`build`, `run`); this one says how the weights are held, and which changes the engine
-follows or refuses.
+compiles and how it runs it (`build`, `run`); this one holds the weights and decides which changes the engine follows
+and which it refuses. The contract users see, change by change, is docs/deploy.md's "Engines holding the encoder's
+weights"; tests/test_conformance.py and tests/test_runtime_owned.py hold every path to it.
 
-Why own them. An engine's lead on short requests is that it lays each weight out for its kernels once, when it compiles
-(its matrix products are most of a short request; fed the weights as inputs on every call, as `runtime="onnxruntime"`
-does by default, an engine is slower there: docs/deploy.md gives the cost), and int8 products need weights quantized
-once. A compiled copy can only be trusted while nothing else writes the weights, and nothing short of reading every
-weight tells a `.data` or numpy write from no write. So the engine takes them: at attach the body's parameters and
-buffers move into a private copy of the body (`shadow`), and the body the user holds keeps its modules, config and code
-but no tensor. `model.parameters()` yields one empty marker in their place (`HeldMarker`): `model.to(...)` reaches the
-engine through it, `model.dtype` and `model.device` read it, its `requires_grad` is the held weights', and it refuses,
-where it happens, what would treat it as the weights (an in-place write, an optimizer's step, `.data =` as
-`vector_to_parameters` does, a move to another device), which would change nothing. `layer.weight` reads the shadow's
-through a `HeldTensor` view, which refuses every write by name, and what a user or a library asks of a model to inspect
-it answers from the shadow (`num_parameters`, `get_memory_footprint`). Every change comes through a door it keeps:
-- `state_dict()` / `save_pretrained` give the shadow's tensors under the body's names as read-only views (`HeldTensor`:
-  they share the engine's memory as a PyTorch state dict shares the model's, so a write into one is refused, not lost;
-  `.clone()`, a deep copy and `torch.save` give plain tensors), and any class loads the checkpoint whole;
-  `load_state_dict` (also `assign=True`) loads copies into the shadow and recompiles, also when it fails half-way (as
-  PyTorch leaves the model: what loaded is computed, on every path);
-- a module replaced or added, a Parameter, a buffer or None assigned in a held tensor's place, a method patched on a
-  class, a config value changed (the body checked at every call, `hf_vanilla.runtimes.watch`, which names what it sees
-  only with the next change it sees): the tensors go back into the body, each by name into the module it was taken from
-  (what was assigned stays, the module's other tensors with it), and it is traced and compiled again (seconds). A body
-  that cannot then be compiled keeps every tensor (its state_dict is the model as changed) and each call raises, naming
-  the change, the cause and the fixes, until it is repaired. What PyTorch refuses to assign (a plain tensor in a
-  parameter's place) gets PyTorch's TypeError at the next call, the weight put back; a tensor under two names inside the
-  body is refused by name (the graph reads each weight once);
-- `model.to(dtype)` to a dtype the engine computes in (`FOLLOWS`: OpenVINO float32 and bfloat16): followed, compiled
-  from the weights as the move rounds them, then the shadow moved; where the engine cannot compile it, or to another
-  dtype, refused at every call until the model is moved back, the weights as they were; to another device, at once;
-- training (`model.train()`, or gradients asked of the body's weights through its outputs while the marker requires
-  grad: `model.base_model.requires_grad_(False)` freezes the encoder, and what is around it trains), a write into a held
-  weight, also through a tensor kept from before attach (an optimizer's, `model.get_parameter(...)`: the body's own
-  tensors refuse writes while it is held, `holding.seal`, and are given back by `give_back`), and forward hooks inside
-  the body, which the graph would not run, are refused (`refusal`: what was attempted, which engine holds the weights,
-  the call that gives them back). A `.data` or numpy view taken before attach is memory the engine cannot watch: take
-  none across an attach;
-- a checkpoint file the weights are memory-mapped from, written in place while the model is loaded
-  (`mapped.MappedFiles`): every call is refused, naming the file and the fix (load it again).
+Why own them. An engine lays each weight out for its kernels once, when it compiles, and int8 products need weights
+quantized once; a compiled copy can only be trusted while nothing else writes the weights, and nothing short of
+reading every weight tells a `.data` or numpy write from no write. So at attach the body's parameters and buffers
+move into a private copy of the body (`shadow`); the body the user holds keeps its modules, config and code, with one
+empty marker (`HeldMarker`) in `model.parameters()` and read-only views (`HeldTensor`) where each weight was. Every
+change then comes through a door kept here: `state_dict`/`save_pretrained` (`save`), `load_state_dict` (`load`,
+recompiled), a module, tensor, config field or class method changed (the per-call `Watch`: the tensors go back into
+the body, which is traced and compiled again, `_follow`), `model.to(dtype)` (`_move`: followed where the engine
+computes that dtype, else refused), and writes into held weights, training, gradients and hooks inside the body
+(refused by name, `holding.refusal`). A checkpoint file written under the loaded model is refused at every call
+(`mapped.MappedFiles`).
 
-What runs where. The engine answers what the graph computes: `input_ids` (not `inputs_embeds`), default positions, no
-cache, no hidden states or attention maps asked for, input PyTorch would accept. The shadow (eager PyTorch, the same
-weights) answers everything else, and, at float32, the padded request sizes where it measured faster
-(hf_vanilla/runtimes/choice.py; at bf16 and int8 the engine answers every request it computes). Padded batches run as
-groups of rows of similar length (batches.py). Both answer within the parity rule of each other at float32; at bfloat16
-and int8 the engines' kernels round differently from PyTorch's (the tests hold each to its precision's rule).
-
-What it takes: the bodies of `vanilla_encoder` models (`model.base_model`, embeddings to pooler). It refuses a model
-whose other modules share a tensor with a body (a masked-LM head tied to the word embeddings: the body's copy and the
-head's would part), and encoder-decoders (their encoder shares the embeddings with the decoder): those run on
-`runtime="onnxruntime"` with its weights fed. It refuses a model whose layers after the body are in another dtype than
-the engine holds the body in (a bfloat16 classifier over an engine at float32 would meet a float32 output).
+What runs where. The engine answers what the graph computes (`input_ids`, default positions, no cache, hidden states
+or attention maps); the shadow, eager PyTorch on the same weights, answers everything else and, at float32, the padded
+sizes where it measured faster (hf_vanilla/runtimes/choice.py). Padded batches run as groups of rows of similar
+length (batches.py). It refuses, at attach, a head sharing a tensor with the body (a tied masked LM), encoder-decoders,
+and layers after the body in another dtype than the engine holds the body in.
 """
 
 import copy
