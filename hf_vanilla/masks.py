@@ -47,9 +47,9 @@ def additive_mask(mask, dtype, sdpa: bool = False):
 
 
 def attends(attention_mask):
-    """(B|1, 1, T|1, 1): 1 where a query of the additive `attention_mask` (B|1, 1, T|1, S) has a key to attend to,
-    0 where every key carries the dtype's minimum."""
-    return (attention_mask > torch.finfo(attention_mask.dtype).min).any(-1, keepdim=True).to(attention_mask.dtype)
+    """(B|1, 1, T|1, 1): True where a query of the additive `attention_mask` (B|1, 1, T|1, S) has a key to attend
+    to, False where every key carries the dtype's minimum."""
+    return (attention_mask > torch.finfo(attention_mask.dtype).min).any(-1, keepdim=True)
 
 
 def self_attention_mask(attention_mask, query_length, past_length, key_length, causal: bool, dtype, device,

@@ -152,7 +152,7 @@ def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, d
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
     )  # (B, H, T, D)
     if attention_mask is not None and is_tracing():  # a query with no key gets zeros, as the kernel gives an -inf
-        context = context * attends(attention_mask)  # row; a graph keeps finite minima there (masks.additive_mask)
+        context = context.masked_fill(~attends(attention_mask), 0)  # row; a graph keeps finite minima there (masks.additive_mask)
     return context.transpose(1, 2), None
 
 
