@@ -28,7 +28,6 @@ products, attention kernels, other ops, and the rest of the wall time (Python an
 """
 
 import argparse
-import contextlib
 import importlib.metadata
 import os
 import platform
@@ -491,22 +490,18 @@ def cpu_description() -> str:
     """The CPU as a kept run names it (benchmarks/report.py renders it): the vendor's name, its microarchitecture
     (from the family and model, where listed above), the cores this process may run on, and the instructions the
     engines' choices depend on."""
-    from hf_vanilla.precision import cpu_capabilities, cpu_name
+    from hf_vanilla.precision import cpu_capabilities, cpu_family_model, cpu_name, cpu_vendor
 
-    info = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    vendor, family, model = info.get("vendor_id", ""), info.get("cpu family", ""), info.get("model", "")
-    known = [name for v, f, models, name in MICROARCHITECTURES
-             if v == vendor and family.isdigit() and model.isdigit() and int(family) == f and int(model) in models]
+    family, model = cpu_family_model()
+    known = [name for vendor, f, models, name in MICROARCHITECTURES
+             if vendor == cpu_vendor() and family.isdigit() and model.isdigit() and int(family) == f
+             and int(model) in models]
     found = cpu_capabilities()
     vectors = "AVX-512" if found["avx512"] else "AVX2" if found["avx2"] else "no AVX2"
     extras = [name for name in ("avx512_bf16", "avx512_vnni", "avx_vnni") if found[name]]
-    return (f"{cpu_name() or 'unknown CPU'} {known[0] if known else ''} (family {family or '?'} model {model or '?'}), "
-            f"{len(os.sched_getaffinity(0))} cores ({', '.join([vectors, *extras, 'AMX' if found['amx'] else 'no AMX'])})"
-            ).replace("  ", " ")
+    name = " ".join([cpu_name() or "unknown CPU", *known[:1]])
+    return (f"{name} (family {family or '?'} model {model or '?'}), {len(os.sched_getaffinity(0))} cores "
+            f"({', '.join([vectors, *extras, 'AMX' if found['amx'] else 'no AMX'])})")
 
 
 def environment(device):

@@ -51,6 +51,13 @@ def cpu_vendor() -> str:
     return _cpuinfo("vendor_id")
 
 
+def cpu_family_model() -> tuple[str, str]:
+    """/proc/cpuinfo's cpu family and model numbers, as text ("" where they cannot be read): with the vendor, which
+    generation of CPU this is where its model name gives only the vendor's product line (as virtual machines often
+    report it)."""
+    return _cpuinfo("cpu family"), _cpuinfo("model")
+
+
 def cpu_name() -> str:
     """/proc/cpuinfo's model name (the vendor's name for the CPU), or "" where it cannot be read."""
     return _cpuinfo("model name")
