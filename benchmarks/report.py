@@ -117,7 +117,8 @@ def generation_block(kept: list) -> str:
         for case, record in run["cases"].items():
             parts += [f"{case}: {record['description']}, {record['new_tokens']} new tokens a row.", "",
                       "| contender | first calls, ms | steady ms | speed-up over transformers | "
-                      "against CTranslate2 at its precision | tokens equal to transformers fp32 |", "|---|---:|---:|---:|---:|---:|"]
+                      "against CTranslate2 at its precision | tokens equal to transformers fp32 |",
+                      "|---|---:|---:|---:|---:|---:|"]
             for name, figures in record["contenders"].items():
                 if "steady_ms" not in figures:
                     if "failed" in figures:
@@ -189,7 +190,8 @@ def backing(kind: str, engine, cases, kept: dict) -> str:
     if kind in ("float32", "precision"):
         for _, run in kept["engines"]:
             if kind == "float32":
-                found = [(c, f[engine]) for c, f in run["float32"].items() if engine in f and any(s in c for s in cases)]
+                found = [(case, figures[engine]) for case, figures in run["float32"].items()
+                         if engine in figures and any(word in case for word in cases)]
                 if found:
                     case, (idle, busy) = found[0]
                     return f"{short_cpu(run)}, {case}: {idle:.2f}x / {busy:.2f}x"

@@ -134,15 +134,14 @@ class Watch:
     At each call (`unchanged`): the count (`CHANGES`), the config's fields and class, the attribute dicts of the
     classes outside the bases every model shares (`_SHARED_BASES`), torch's global forward hooks and the tensors'
     data pointers and strides (`.data = ...` replaces a tensor's memory or layout unseen by its module; with
-    `counted`, tensors that move
-    the count themselves when their data is replaced, an engine's marker: their class, which torch's swap_tensors
-    changes). Where the count moved, or the watch could not make every registry count (a forward hook set inside
-    when it was made), everything it keeps, as it did before the count was kept. Not seen until the count moves: an
+    `counted`, tensors that move the count themselves when their data is replaced, an engine's marker: their class,
+    which torch's swap_tensors changes). Where the count moved, or the watch could not make every registry count (a
+    forward hook set inside when it was made), everything it keeps is compared. Not seen until the count moves: an
     attribute written into a module's `__dict__` past nn.Module (`vars(module)[name] = ...`, `object.__setattr__`),
-    a method patched on one of the shared bases, and a tensor narrowed over the same memory and strides
-    (`p.data = p.data[:n]`, whose rows the graph reads as before). A change that bypasses all of these leaves the graph's answer right: a write into the
-    weights' memory is what the graph reads. `before`: the watch this one replaces, whose modules no longer in the
-    unit get their registries back."""
+    a method patched on one of the shared bases, and a tensor narrowed over the same memory and strides (`p.data =
+    p.data[:n]`, whose rows the graph reads as before). A change that bypasses all of these leaves the graph's
+    answer right: a write into the weights' memory is what the graph reads. `before`: the watch this one replaces,
+    whose modules no longer in the unit get their registries back."""
 
     def __init__(self, unit, tensors: list, before: "Watch | None" = None, counted: bool = False):
         self.changes = CHANGES  # first: a write while the watch is made moves the count past it
